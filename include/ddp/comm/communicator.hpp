@@ -1,0 +1,61 @@
+// ddp::comm::Communicator: the one interface every collective goes through.
+// Backends (one file each): mpi (host memory, MPI), and later nccl (GPU).
+// The backend is chosen once at start (make_communicator).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/runtime/world.hpp"
+
+namespace ddp::comm {
+
+enum class ReduceOp { Sum, Avg };
+
+// An operation in flight. wait() returns when it is complete on this rank, and
+// throws ddp::Error when it fails or does not complete within the
+// communicator's timeout (naming the operation and the timeout).
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool done() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual const char* backend() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In-place all-reduce of count floats. The buffer must stay valid and
+  // untouched until wait() returns. Operations complete in the order issued,
+  // and every rank must issue the same sequence.
+  virtual std::shared_ptr<Work> allreduce_async(float* data, size_t count, ReduceOp op,
+                                                std::string what = "all-reduce") = 0;
+
+  // Blocking collectives, each bounded by the timeout.
+  virtual void broadcast(void* data, size_t bytes, int root, const std::string& what) = 0;
+  virtual void barrier(const std::string& what) = 0;
+  // Every rank's `bytes` bytes, concatenated in rank order.
+  virtual std::vector<char> allgather(const void* mine, size_t bytes, const std::string& what) = 0;
+  // Sum or max of small integer/double vectors (metrics, agreement checks).
+  virtual void allreduce_doubles(double* data, size_t count, bool max, const std::string& what) = 0;
+
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+
+ protected:
+  std::chrono::milliseconds timeout_{std::chrono::seconds(300)};
+};
+
+// The MPI backend over world.comm. Collectives run on a dedicated
+// communication thread, so they progress while the caller computes (Open MPI
+// has no asynchronous progress of its own).
+std::unique_ptr<Communicator> make_mpi_communicator(const World& world);
+
+}  // namespace ddp::comm

@@ -1,0 +1,71 @@
+// ddp::Reducer: bucketed gradient averaging that overlaps backward.
+//
+// Note [bucket order]: buckets are contiguous slices of the flat gradient
+// buffer, fixed at construction from the parameter sizes in flat (= backward)
+// order, identical on every rank. A bucket never splits a parameter. The first
+// bucket is capped smaller (min(1 MiB, cap)) so communication starts early.
+// Buckets are launched strictly in index order, so every rank issues the same
+// sequence of collectives.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/communicator.hpp"
+
+namespace ddp {
+
+struct Bucket {
+  size_t begin = 0, end = 0;  // element range in the gradient buffer
+  size_t first_param = 0, last_param = 0;  // [first, last) indices of the parameters it holds
+};
+
+// Buckets over parameters of the given sizes (elements, flat order).
+std::vector<Bucket> plan_buckets(const std::vector<size_t>& param_numels, size_t cap_bytes,
+                                 size_t first_cap_bytes);
+
+struct ReducerStats {
+  double wait_sec = 0;  // time spent in finish() waiting for buckets
+  int buckets_launched_early = 0;  // launched before finish() was called
+};
+
+class Reducer {
+ public:
+  // overlap = false defers every bucket to finish() (to measure the overlap).
+  Reducer(comm::Communicator& comm, float* grads, const std::vector<size_t>& param_numels,
+          double bucket_cap_mb, bool overlap = true);
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+
+  // Call before each backward.
+  void begin_backward();
+  // Hook for Model::backward: the first n elements of the gradient buffer are
+  // final; launches every not-yet-launched bucket that lies inside them.
+  void grads_ready(size_t n);
+  // Launches what is left, waits for all buckets; gradients are then averaged
+  // over ranks. Returns this step's stats.
+  ReducerStats finish();
+
+  // no_sync: while false, begin_backward/grads_ready/finish communicate nothing
+  // and gradients accumulate locally.
+  void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
+
+ private:
+  void launch(size_t k);
+  comm::Communicator& comm_;
+  float* grads_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::shared_ptr<comm::Work>> work_;
+  size_t next_ = 0;
+  bool overlap_, sync_ = true;
+  int launched_early_ = 0;
+};
+
+// Copies rank 0's parameters (and any buffers) to every rank, so replicas
+// start identical.
+void broadcast_parameters(comm::Communicator& comm, float* data, size_t count);
+
+}  // namespace ddp

@@ -1,0 +1,83 @@
+// ddp::nn::Model: a sequence of layers whose parameters live in one flat
+// buffer and whose gradients live in another.
+//
+// Note [flat layout]: tensors are laid out in BACKWARD order: the last layer's
+// parameters first, the first layer's last (within a layer, in param_specs()
+// order). Backward visits layers last to first, so after each layer the
+// gradients that are final form a growing PREFIX of the gradient buffer. The
+// reducer relies on this: a bucket is a contiguous slice, and it is complete
+// as soon as the ready prefix covers it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/nn/layer.hpp"
+
+namespace ddp::nn {
+
+struct ParamInfo {
+  std::string name;            // "conv1.weight"
+  std::vector<int64_t> shape;
+  size_t offset = 0;           // in elements, into params() and grads()
+  size_t numel = 0;
+};
+
+class Model {
+ public:
+  Model(std::string name, Shape input, std::vector<std::unique_ptr<Layer>> layers);
+
+  const std::string& name() const { return name_; }
+  Shape input_shape() const { return input_; }
+  Shape output_shape() const;   // (classes, 1, 1) for a classifier
+
+  size_t num_params() const { return params_.size(); }
+  float* params() { return params_.data(); }
+  const float* params() const { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  const float* grads() const { return grads_.data(); }
+  // In flat-buffer order (Note [flat layout]).
+  const std::vector<ParamInfo>& param_info() const { return info_; }
+
+  // Weights per ParamSpec::init from a deterministic stream of seed.
+  void init_params(uint64_t seed);
+  void zero_grads();
+
+  // Logits for a batch: batch * output_shape().numel() floats, owned by the model
+  // and valid until the next forward.
+  const float* forward(const float* x, int batch);
+
+  // Backward from d(loss)/d(logits) of the last forward. After each layer's
+  // backward, on_ready(n) says the first n elements of grads() are final
+  // (Note [flat layout]); n never decreases within one backward.
+  void backward(const float* dlogits, int batch,
+                const std::function<void(size_t)>& on_ready = {});
+
+ private:
+  std::string name_;
+  Shape input_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<Shape> shapes_;           // shapes_[i] = input of layer i; back() = output
+  std::vector<ParamInfo> info_;
+  std::vector<size_t> ready_after_;      // prefix length final after layer i's backward
+  std::vector<float> params_, grads_;
+  std::vector<std::vector<float>> acts_;  // acts_[i] = input of layer i; back() = logits
+  std::vector<std::vector<float>> dacts_;
+  std::vector<std::vector<Init>> inits_;
+};
+
+// "lenet" (d2l's variant, DESIGN.md) or "mlp" (784-256-10 with ReLU).
+// Throws ddp::Error naming the unknown model and the known ones.
+std::unique_ptr<Model> make_model(const std::string& name, Shape input, int classes);
+std::vector<std::string> known_models();
+
+// Mean softmax cross-entropy over the batch; writes d(mean loss)/d(logits).
+float softmax_cross_entropy(const float* logits, const int32_t* labels, int batch, int classes,
+                            float* dlogits);
+// Number of rows whose arg-max equals the label.
+int64_t count_correct(const float* logits, const int32_t* labels, int batch, int classes);
+
+}  // namespace ddp::nn

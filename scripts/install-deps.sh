@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ddp builds, tests and benchmarks with.
+# Idempotent: packages already present are not touched, and apt-get runs only
+# when something is missing. Needs root (or sudo) on Debian 12.
+set -euo pipefail
+
+packages=(
+  cmake g++ make pkg-config          # build
+  openmpi-bin libopenmpi-dev         # launcher and MPI
+  libopenblas-dev                    # CBLAS GEMM
+  libcxxopts-dev nlohmann-json3-dev  # CLI, JSON
+  zlib1g-dev                         # gzip IDX files
+  libgtest-dev                       # tests
+  python3 python3-numpy              # checks of written model files
+)
+if [[ "${1:-}" == "--bench" ]]; then
+  packages+=(python3-torch)          # the PyTorch DDP side of the benchmark
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo=sudo; fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
