@@ -75,7 +75,14 @@ void abort_world(int code) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  if (initialized && !finalized) {
+    int size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    // A world of one has nobody to stop; finalising spares the user
+    // MPI_Abort's banner under a plain launch.
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+    MPI_Finalize();
+  }
   std::_Exit(code);
 }
 

@@ -14,6 +14,14 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An error in what the user asked for (flags, their combination with the world
+// size). It depends only on the command line and the world size, so every rank
+// raises the same one and rank 0 alone reports it.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <typename... Args>
 std::string concat(Args&&... args) {

@@ -14,6 +14,8 @@
 
 namespace ddp::nn {
 
+class ThreadPool;  // thread_pool.hpp
+
 // Per-sample activation shape (channels, height, width); a vector is (n, 1, 1).
 struct Shape {
   int c = 1, h = 1, w = 1;
@@ -44,6 +46,9 @@ class Layer {
   // Adds parameter gradients (Note [gradient accumulation]) and writes dx
   // (dx may be nullptr: nothing needs the input gradient of the first layer).
   virtual void backward(const float* x, const float* y, const float* dy, int batch, float* dx) = 0;
+  // Threads a layer may split its work over (the model's; nullptr: the
+  // calling thread only). Layers that do not parallelise ignore it.
+  virtual void set_thread_pool(ThreadPool* /*pool*/) {}
 };
 
 }  // namespace ddp::nn

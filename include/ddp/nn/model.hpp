@@ -26,9 +26,16 @@ struct ParamInfo {
   size_t numel = 0;
 };
 
+class ThreadPool;  // thread_pool.hpp
+
 class Model {
  public:
+  // Runs on default_threads() threads (OpenBLAS's count, which World sets to
+  // this rank's share of the cores); set_threads changes that.
   Model(std::string name, Shape input, std::vector<std::unique_ptr<Layer>> layers);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
   const std::string& name() const { return name_; }
   Shape input_shape() const { return input_; }
@@ -56,17 +63,27 @@ class Model {
   void backward(const float* dlogits, int batch,
                 const std::function<void(size_t)>& on_ready = {});
 
+  // Threads the layers split a batch over (>= 1); OpenBLAS runs
+  // single-threaded on each of them (Note [serial OpenBLAS] in gemm.hpp).
+  void set_threads(int threads);
+  int threads() const;
+
  private:
   std::string name_;
   Shape input_;
+  std::unique_ptr<ThreadPool> pool_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Shape> shapes_;           // shapes_[i] = input of layer i; back() = output
   std::vector<ParamInfo> info_;
   std::vector<size_t> ready_after_;      // prefix length final after layer i's backward
   std::vector<float> params_, grads_;
-  std::vector<std::vector<float>> acts_;  // acts_[i] = input of layer i; back() = logits
-  std::vector<std::vector<float>> dacts_;
-  std::vector<std::vector<Init>> inits_;
+  std::vector<Init> inits_;              // parallel to info_
+  // acts_[i] = input of layer i (acts_[0] a copy of the caller's batch, so the
+  // caller may reuse its buffer before backward); back() = logits. Sized for
+  // the largest batch seen: steps after the first allocate nothing.
+  std::vector<std::vector<float>> acts_;
+  std::vector<std::vector<float>> dacts_;  // dacts_[i] = d(loss)/d(acts_[i]), 0 < i < layers
+  int last_batch_ = -1;                    // batch of the last forward; -1: none yet
 };
 
 // "lenet" (d2l's variant, DESIGN.md) or "mlp" (784-256-10 with ReLU).

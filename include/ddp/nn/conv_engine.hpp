@@ -1,0 +1,186 @@
+// The chunked conv driver shared by the plain and the fused conv ops: it owns
+// the im2col + GEMM skeleton and the threading; callers supply what happens
+// to the GEMM output (forward) or where dy comes from (backward).
+//
+// Note [conv chunks]: a per-image GEMM for LeNet's conv2 is 50x81x500, too
+// small to run near peak. So im2col lays a chunk of images side by side,
+// col = [C*k*k][chunk*OH*OW], and one GEMM covers the chunk. The chunk is
+// sized so col and the GEMM output stay in L2 next to OpenBLAS's packed copy
+// of col: im2col writes them and the GEMM reads them straight back. Backward
+// rebuilds col rather than keeping it from forward: rebuilding from the
+// (small, cached) input is cheaper than streaming a batch-sized col from
+// memory. Chunks go to whichever thread is free, each thread with its own
+// buffers and its own single-threaded GEMMs (Note [serial OpenBLAS] in
+// gemm.hpp); weight gradients are summed per thread and added up at the end.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "ddp/nn/cpu_ops.hpp"
+#include "ddp/nn/gemm.hpp"
+#include "ddp/nn/im2col.hpp"
+#include "ddp/nn/simd.hpp"
+#include "ddp/nn/thread_pool.hpp"
+
+namespace ddp::nn::cpu {
+
+// Bytes of im2col columns + GEMM output one chunk may use: a quarter of a
+// 2 MiB L2, as OpenBLAS copies col once more. Measured on LeNet: twice this
+// is no faster for conv2 and up to 3x slower for conv1's GEMMs, which past
+// 8 images (M*N*K > 1e6) leave OpenBLAS's unpacked small-matrix kernels.
+constexpr int64_t kConvChunkBytes = int64_t(512) << 10;
+
+template <typename T>
+int conv_chunk_images(const ConvGeom& g) {
+  const int64_t per_image =
+      int64_t(g.in_c * g.k * g.k + g.out_c) * g.out_h() * g.out_w() * int64_t(sizeof(T));
+  return int(std::clamp<int64_t>(kConvChunkBytes / per_image, 1, std::max(1, g.batch)));
+}
+
+// Chunk buffers' rows start on 64-byte boundaries: vector loads and stores
+// along a row (im2col, the epilogues, OpenBLAS's packing) then never split a
+// cache line.
+constexpr int64_t kRowAlignBytes = 64;
+
+template <typename T>
+int64_t aligned_stride(int64_t n) {
+  constexpr int64_t a = kRowAlignBytes / int64_t(sizeof(T));
+  return (n + a - 1) / a * a;
+}
+
+// The first element of p's buffer on a 64-byte boundary.
+template <typename T>
+T* align_up(T* p) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t a = uintptr_t(kRowAlignBytes);
+  return p + ((a - addr % a) % a) / sizeof(T);
+}
+
+// Grows buf so that n elements fit from align_up(buf.data()).
+template <typename T>
+void reserve_aligned(std::vector<T>& buf, size_t n) {
+  const size_t need = n + size_t(kRowAlignBytes) / sizeof(T);
+  if (buf.size() < need) buf.resize(need);
+}
+
+// Sum of n elements; vectorised by hand because without -ffast-math the
+// compiler must keep a float sum in order.
+template <typename T>
+T row_sum(const T* p, int n) {
+#if DDP_NN_SIMD
+  using S = simd::Vec<T>;
+  constexpr int L = S::kLanes;
+  typename S::V a0 = S::zero(), a1 = S::zero();
+  int i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    a0 = S::add(a0, S::load(p + i));
+    a1 = S::add(a1, S::load(p + i + L));
+  }
+  for (; i < n; i += L) a0 = S::add(a0, S::loadz(simd::lanes<T>(0, n - i), p + i));
+  return S::sum(S::add(a0, a1));
+#else
+  T s = T(0);
+  for (int i = 0; i < n; ++i) s += p[i];
+  return s;
+#endif
+}
+
+// Threads that may take chunks (each needs its own buffers).
+inline int conv_threads(ThreadPool* pool) { return pool ? pool->size() : 1; }
+
+// Runs chunk(n0, nb, t) over the batch in chunks of `chunk` images, on the
+// pool's free threads (Note [late workers] in thread_pool.hpp); t names the
+// thread, for its buffers.
+template <typename Fn>
+void for_each_chunk(ThreadPool* pool, int threads, int batch, int chunk, Fn&& fn) {
+  const int64_t chunks = (batch + chunk - 1) / chunk;
+  auto one = [&](int64_t c, int t) {
+    const int n0 = int(c * chunk);
+    fn(n0, std::min(chunk, batch - n0), t);
+  };
+  if (threads == 1) {
+    for (int64_t c = 0; c < chunks; ++c) one(c, 0);
+  } else {
+    pool->parallel_for(chunks, one);
+  }
+}
+
+// Forward: epilogue(n0, nb, out, ld) consumes the GEMM output out[oc*ld + i*OHW + q]
+// of images [n0, n0 + nb) (ld >= nb*OHW, rows aligned).
+template <typename T, typename Epilogue>
+void conv_forward_chunks(const ConvGeom& g, const T* x, const T* w, ConvScratch<T>& s,
+                         ThreadPool* pool, Epilogue&& epilogue) {
+  check_conv_geom(g);
+  if (g.batch == 0) return;
+  const int OHW = g.out_h() * g.out_w(), ckk = g.in_c * g.k * g.k;
+  const int chunk = conv_chunk_images<T>(g), threads = conv_threads(pool);
+  const int64_t in_img = int64_t(g.in_c) * g.in_h * g.in_w;
+  const int64_t max_ld = aligned_stride<T>(int64_t(chunk) * OHW);
+  if (int(s.thread.size()) < threads) s.thread.resize(threads);
+  for (int t = 0; t < threads; ++t)
+    reserve_aligned(s.thread[t], size_t(ckk + g.out_c) * size_t(max_ld));
+
+  SerialBlas serial;
+  for_each_chunk(pool, threads, g.batch, chunk, [&](int n0, int nb, int t) {
+    T* col = align_up(s.thread[t].data());
+    T* out = col + int64_t(ckk) * max_ld;
+    const int n = nb * OHW;
+    const int64_t ld = aligned_stride<T>(n);
+    im2col(g, x + n0 * in_img, nb, ld, col);
+    gemm(false, false, g.out_c, n, ckk, T(1), w, ckk, col, int(ld), T(0), out, int(ld));
+    epilogue(n0, nb, out, ld);
+  });
+}
+
+// Backward: source(n0, nb, dyc, ld) writes d(loss)/d(conv output) of images
+// [n0, n0 + nb) as dyc[oc*ld + i*OHW + q]. Adds into dw, db; overwrites dx.
+template <typename T, typename Source>
+void conv_backward_chunks(const ConvGeom& g, const T* x, const T* w, T* dw, T* db, T* dx,
+                          ConvScratch<T>& s, ThreadPool* pool, Source&& source) {
+  check_conv_geom(g);
+  if (g.batch == 0) return;
+  const int OHW = g.out_h() * g.out_w(), ckk = g.in_c * g.k * g.k, oc = g.out_c;
+  const int chunk = conv_chunk_images<T>(g), threads = conv_threads(pool);
+  const int64_t in_img = int64_t(g.in_c) * g.in_h * g.in_w;
+  if (int(s.thread.size()) < threads) s.thread.resize(threads);
+  if (int(s.grad.size()) < threads) s.grad.resize(threads);
+  const int64_t max_ld = aligned_stride<T>(int64_t(chunk) * OHW);
+  const size_t grad_size = size_t(oc) * ckk + oc;
+  for (int t = 0; t < threads; ++t) {
+    reserve_aligned(s.thread[t], size_t(ckk + oc) * size_t(max_ld));
+    if (t > 0) s.grad[t].assign(grad_size, T(0));
+  }
+
+  SerialBlas serial;
+  for_each_chunk(pool, threads, g.batch, chunk, [&](int n0, int nb, int t) {
+    T* col = align_up(s.thread[t].data());
+    T* dyc = col + int64_t(ckk) * max_ld;
+    // Thread 0 adds straight into the caller's gradients, the others into
+    // their own partial sums.
+    T* dw_t = t == 0 ? dw : s.grad[t].data();
+    T* db_t = t == 0 ? db : s.grad[t].data() + size_t(oc) * ckk;
+    const int n = nb * OHW;
+    const int64_t ld = aligned_stride<T>(n);
+    source(n0, nb, dyc, ld);
+    if (db_t)
+      for (int o = 0; o < oc; ++o) db_t[o] += row_sum(dyc + int64_t(o) * ld, n);
+    im2col(g, x + n0 * in_img, nb, ld, col);
+    // dW += dy col^T; then col = W^T dy, d(col), for dx.
+    gemm(false, true, oc, ckk, n, T(1), dyc, int(ld), col, int(ld), T(1), dw_t, ckk);
+    if (dx) {
+      gemm(true, false, ckk, n, oc, T(1), w, ckk, dyc, int(ld), T(0), col, int(ld));
+      col2im(g, col, nb, ld, dx + n0 * in_img);
+    }
+  });
+
+  for (int t = 1; t < threads; ++t) {
+    const T* part = s.grad[t].data();
+    for (size_t i = 0; i < size_t(oc) * ckk; ++i) dw[i] += part[i];
+    if (db)
+      for (int o = 0; o < oc; ++o) db[o] += part[size_t(oc) * ckk + o];
+  }
+}
+
+}  // namespace ddp::nn::cpu

@@ -1,0 +1,101 @@
+// ddp::nn::cpu: the CPU kernels behind the layers, as free functions templated
+// on the element type. float is what the layers run; double is instantiated so
+// the tests can check every backward against finite differences without
+// rounding noise. These are the reference a GPU twin must agree with.
+//
+// Layout is PyTorch's: activations NCHW, conv weight [oc, ic, k, k], linear
+// weight [out, in]. Every backward ADDS into parameter gradients (Note
+// [gradient accumulation] in layer.hpp) and OVERWRITES dx; dx may be nullptr.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace ddp::nn {
+class ThreadPool;
+}
+
+namespace ddp::nn::cpu {
+
+// A square-kernel 2-D convolution over a batch.
+struct ConvGeom {
+  int batch = 1;
+  int in_c = 1, in_h = 1, in_w = 1;
+  int out_c = 1;
+  int k = 1, stride = 1, pad = 0;
+  int out_h() const { return (in_h + 2 * pad - k) / stride + 1; }
+  int out_w() const { return (in_w + 2 * pad - k) / stride + 1; }
+};
+
+// Throws ddp::Error when the geometry is empty or the kernel does not fit.
+void check_conv_geom(const ConvGeom& g);
+
+// What a conv layer keeps between calls so that a training step allocates
+// nothing: per-thread buffers (they grow on first use).
+template <typename T>
+struct ConvScratch {
+  std::vector<std::vector<T>> thread;  // per thread: im2col columns + GEMM output
+  std::vector<std::vector<T>> grad;    // per thread but the first: partial dW | db
+};
+
+// conv2d over a batch, split over pool's threads by image (nullptr: the
+// calling thread alone). im2col + GEMM per chunk of images (Note [conv chunks]
+// in conv_engine.hpp).
+template <typename T>
+void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
+                    ConvScratch<T>& s, ThreadPool* pool = nullptr);
+template <typename T>
+void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
+                     ConvScratch<T>& s, ThreadPool* pool = nullptr);
+
+// conv2d -> ReLU -> 2x2 average pooling (stride 2, floor), fused: the conv
+// output never leaves cache; what backward needs of it is one bit per element
+// (was it positive), kept in relu_mask (layout: conv_relu_mask_bytes). y is
+// [batch, out_c, out_h/2, out_w/2]; dy of the same shape.
+template <typename T>
+void conv2d_relu_avgpool2_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
+                                  std::vector<uint8_t>& relu_mask, ConvScratch<T>& s,
+                                  ThreadPool* pool = nullptr);
+template <typename T>
+void conv2d_relu_avgpool2_backward(const ConvGeom& g, const T* x, const T* w,
+                                   const std::vector<uint8_t>& relu_mask, const T* dy, T* dw,
+                                   T* db, T* dx, ConvScratch<T>& s, ThreadPool* pool = nullptr);
+
+// Bytes of relu mask per conv output row that pooling reads (bit j of byte b
+// is column 8b + j), and in all for a batch.
+int64_t conv_relu_mask_row_bytes(const ConvGeom& g);
+int64_t conv_relu_mask_bytes(const ConvGeom& g);
+
+// 2x2 average pooling, stride 2; odd trailing rows/columns are dropped
+// (floor), as nn.AvgPool2d(2) does. planes = batch * channels.
+template <typename T>
+void avgpool2_forward(int planes, int h, int w, const T* x, T* y);
+template <typename T>
+void avgpool2_backward(int planes, int h, int w, const T* dy, T* dx);
+
+template <typename T>
+void relu_forward(int64_t n, const T* x, T* y);
+// Uses the output y (y > 0 exactly where x > 0), so x need not be kept.
+template <typename T>
+void relu_backward(int64_t n, const T* y, const T* dy, T* dx);
+
+// y[b, out] = x[b, in] W^T + bias, W stored [out, in]; rows shared over
+// pool's threads like the convolutions' chunks.
+template <typename T>
+void linear_forward(int batch, int in, int out, const T* x, const T* w, const T* b, T* y,
+                    ThreadPool* pool = nullptr);
+
+// Adds into dW and db, overwrites dx (skipped when nullptr); columns of `in`
+// shared over pool's threads.
+template <typename T>
+void linear_backward(int batch, int in, int out, const T* x, const T* w, const T* dy, T* dw, T* db,
+                     T* dx, ThreadPool* pool = nullptr);
+
+// Mean softmax cross-entropy over the batch (max-shifted, so large logits do
+// not overflow); writes d(mean loss)/d(logits) when dlogits is not nullptr.
+// Throws ddp::Error for a label outside [0, classes).
+template <typename T>
+T softmax_cross_entropy(const T* logits, const int32_t* labels, int batch, int classes,
+                        T* dlogits);
+
+}  // namespace ddp::nn::cpu

@@ -1,0 +1,129 @@
+// The layers models are built from (float, CPU kernels from cpu_ops.hpp).
+//
+// Each layer is built for one per-sample input shape; output_shape(in) checks
+// that the model feeds it that shape, so a wrong wiring fails at construction
+// with the layer's name, not as a buffer overrun in forward.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ddp/nn/cpu_ops.hpp"
+#include "ddp/nn/layer.hpp"
+
+namespace ddp::nn {
+
+// "CxHxW", for error messages.
+std::string to_string(const Shape& s);
+
+// Square-kernel convolution; params "weight" [out_c, in.c, k, k] and "bias" [out_c].
+class Conv2d : public Layer {
+ public:
+  Conv2d(std::string name, Shape in, int out_c, int k, int stride = 1, int pad = 0);
+  const std::string& name() const override { return name_; }
+  Shape output_shape(const Shape& in) const override;
+  std::vector<ParamSpec> param_specs() const override;
+  void bind(const std::vector<float*>& params, const std::vector<float*>& grads) override;
+  void forward(const float* x, int batch, float* y) override;
+  void backward(const float* x, const float* y, const float* dy, int batch, float* dx) override;
+  void set_thread_pool(ThreadPool* pool) override { pool_ = pool; }
+
+ private:
+  cpu::ConvGeom geom(int batch) const;
+  std::string name_;
+  Shape in_, out_;
+  int out_c_, k_, stride_, pad_;
+  float *w_ = nullptr, *b_ = nullptr, *dw_ = nullptr, *db_ = nullptr;
+  cpu::ConvScratch<float> scratch_;
+  ThreadPool* pool_ = nullptr;
+};
+
+// Conv2d -> ReLU -> AvgPool2d(2) as one layer (conv_relu_pool_cpu.cpp says
+// why). Same parameters as the Conv2d it replaces, so state dicts match:
+// "weight" [out_c, in.c, k, k] and "bias" [out_c]; output (out_c, oh/2, ow/2).
+class ConvReluPool : public Layer {
+ public:
+  ConvReluPool(std::string name, Shape in, int out_c, int k, int stride = 1, int pad = 0);
+  const std::string& name() const override { return name_; }
+  Shape output_shape(const Shape& in) const override;
+  std::vector<ParamSpec> param_specs() const override;
+  void bind(const std::vector<float*>& params, const std::vector<float*>& grads) override;
+  void forward(const float* x, int batch, float* y) override;
+  void backward(const float* x, const float* y, const float* dy, int batch, float* dx) override;
+  void set_thread_pool(ThreadPool* pool) override { pool_ = pool; }
+
+ private:
+  cpu::ConvGeom geom(int batch) const;
+  std::string name_;
+  Shape in_, out_;
+  int out_c_, k_, stride_, pad_;
+  float *w_ = nullptr, *b_ = nullptr, *dw_ = nullptr, *db_ = nullptr;
+  cpu::ConvScratch<float> scratch_;
+  std::vector<uint8_t> relu_mask_;  // from the last forward, for backward
+  int mask_batch_ = -1;             // the batch relu_mask_ was made for
+  ThreadPool* pool_ = nullptr;
+};
+
+// 2x2 average pooling with stride 2 (nn.AvgPool2d(2)).
+class AvgPool2d : public Layer {
+ public:
+  AvgPool2d(std::string name, Shape in);
+  const std::string& name() const override { return name_; }
+  Shape output_shape(const Shape& in) const override;
+  void forward(const float* x, int batch, float* y) override;
+  void backward(const float* x, const float* y, const float* dy, int batch, float* dx) override;
+
+ private:
+  std::string name_;
+  Shape in_;
+};
+
+class ReLU : public Layer {
+ public:
+  ReLU(std::string name, Shape in);
+  const std::string& name() const override { return name_; }
+  Shape output_shape(const Shape& in) const override;
+  void forward(const float* x, int batch, float* y) override;
+  void backward(const float* x, const float* y, const float* dy, int batch, float* dx) override;
+
+ private:
+  std::string name_;
+  Shape in_;
+};
+
+// (c, h, w) -> (c*h*w, 1, 1), in NCHW order, as torch.flatten(x, 1).
+class Flatten : public Layer {
+ public:
+  Flatten(std::string name, Shape in);
+  const std::string& name() const override { return name_; }
+  Shape output_shape(const Shape& in) const override;
+  void forward(const float* x, int batch, float* y) override;
+  void backward(const float* x, const float* y, const float* dy, int batch, float* dx) override;
+
+ private:
+  std::string name_;
+  Shape in_;
+};
+
+// y = x W^T + b; params "weight" [out, in] and "bias" [out]. Accepts any input
+// shape with in_features elements (NCHW order).
+class Linear : public Layer {
+ public:
+  Linear(std::string name, int in_features, int out_features);
+  const std::string& name() const override { return name_; }
+  Shape output_shape(const Shape& in) const override;
+  std::vector<ParamSpec> param_specs() const override;
+  void bind(const std::vector<float*>& params, const std::vector<float*>& grads) override;
+  void forward(const float* x, int batch, float* y) override;
+  void backward(const float* x, const float* y, const float* dy, int batch, float* dx) override;
+  void set_thread_pool(ThreadPool* pool) override { pool_ = pool; }
+
+ private:
+  std::string name_;
+  int in_, out_;
+  float *w_ = nullptr, *b_ = nullptr, *dw_ = nullptr, *db_ = nullptr;
+  ThreadPool* pool_ = nullptr;
+};
+
+}  // namespace ddp::nn

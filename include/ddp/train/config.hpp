@@ -1,0 +1,44 @@
+// ddp::train::Config: everything a run is told on the command line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ddp::train {
+
+struct Config {
+  std::string model = "lenet";
+  std::string data_dir;          // IDX files; empty means synthetic data
+  int64_t synthetic = 0;         // > 0: generated dataset of this many training images
+  int epochs = 10;
+  int batch_size = 256;          // global batch, split evenly over ranks
+  double lr = 0.2;
+  double momentum = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+  uint64_t seed = 0;
+  std::string backend = "auto";  // auto | mpi | nccl
+  std::string device = "auto";   // auto | cpu | cuda
+  double bucket_cap_mb = 25.0;
+  bool overlap = true;           // false: every all-reduce after backward (--no-overlap)
+  double timeout_sec = 300.0;    // bound on every collective
+  std::string metrics_out;       // JSON lines, one per epoch
+  std::string output_model;      // safetensors of the final parameters
+  bool quiet = false;            // no per-epoch lines (summary still printed)
+
+  // Checkpoints (rank 0 writes; every rank resumes).
+  std::string checkpoint_dir;    // empty: no checkpoints
+  int64_t checkpoint_every = 0;  // also every N global steps (0: only at epoch ends)
+  int keep_checkpoints = 3;
+  std::string resume;            // "", "auto" (newest valid in checkpoint_dir) or a file
+};
+
+// Exit status of a run stopped by SIGTERM/SIGINT after it wrote a checkpoint:
+// rerunning the same command with --resume auto continues it.
+constexpr int kExitStoppedBySignal = 75;
+
+// The built-in default when no data is named: a generated dataset of this
+// size, so `mpirun -np 4 ddp_train` runs with no download.
+constexpr int64_t kDefaultSynthetic = 12000;
+
+}  // namespace ddp::train

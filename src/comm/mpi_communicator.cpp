@@ -1,0 +1,388 @@
+// The MPI backend of Communicator: host memory, Open MPI collectives.
+//
+// Note [mpi progress]: Open MPI 4.1 has no asynchronous progress (PLATFORM.md
+// 1.5): a non-blocking collective moves only while some thread of this process
+// is inside an MPI call. So every request we start is driven by a loop of
+// MPI_Test on the thread that waits for it: the communication thread for
+// all-reduces, so that they move while the caller computes; the caller itself
+// for the blocking collectives. We never block inside MPI: a loop can give up
+// at a deadline or at shutdown, a blocking call cannot, and a dead peer must
+// not hang the job. The loop sleeps between tests (MpiOptions) instead of
+// spinning: on a box with fewer cores than busy threads, a spinning thread
+// takes a core from the GEMMs it is meant to hide behind, and from the peer
+// rank whose progress it is waiting for. Measured with bench_overlap --poll
+// at np 2 on 2 cores: spinning (our loop flat out, or a thread inside
+// blocking MPI_Allreduce) made the step slower than sleeping, and so did
+// spinning only while the caller sits in wait().
+//
+// Note [two communicators]: MPI forbids collectives on one communicator from
+// two threads at once (their matching order across ranks would be undefined).
+// The communication thread owns async_comm_, the caller's thread sync_comm_,
+// both duplicates of world.comm; each sees its own operations in issue order.
+//
+// Note [abandoned requests]: MPI cannot cancel a collective. When we stop
+// waiting for one (timeout, shutdown) it stays posted, and any later MPI call
+// in this process may progress it and write into its buffer. So the blocking
+// collectives work on staging buffers we own, and one that timed out keeps its
+// buffer (orphans_) until it completes, which it does if the late peers still
+// arrive. If it never completes, buffer and communicator are leaked on
+// purpose: the job is ending anyway (DESIGN.md: any error ends the job).
+// All-reduces work in place on the caller's buffer (DESIGN.md 6: no copy), so
+// after a timed-out all-reduce that buffer must outlive the process's MPI use.
+#include <mpi.h>
+
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "ddp/comm/communicator.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/runtime/mpi_check.hpp"
+
+namespace ddp::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// MPI counts are int; larger buffers go in pieces.
+constexpr size_t kMaxFloatsPerCall = size_t(1) << 30;
+// Broadcasts are staged (Note [abandoned requests]) in pieces of this size, so
+// the staging copy stays small next to the parameters it moves.
+constexpr size_t kBroadcastChunkBytes = size_t(64) << 20;
+
+std::string timeout_message(const std::string& what, std::chrono::milliseconds timeout) {
+  return detail::concat(what, " did not complete within ", format_duration(timeout),
+                        ": another rank may have failed or be stuck");
+}
+
+// A timeout beyond this is "never"; it keeps now() + timeout from overflowing.
+std::chrono::milliseconds bounded(std::chrono::milliseconds t) {
+  return std::clamp(t, std::chrono::milliseconds(0),
+                    std::chrono::milliseconds(std::chrono::hours(24 * 365 * 10)));
+}
+
+enum class Polled { Done, Deadline, Stopped };
+
+// Drives one request to completion (Note [mpi progress]). *rc is MPI_Test's
+// return code when Done.
+Polled poll(MPI_Request* req, const MpiOptions& opt, Clock::time_point deadline,
+            const std::atomic<bool>* stop, int* rc) {
+  const auto start = Clock::now();
+  const auto spin = std::chrono::microseconds(std::max(0, opt.spin_us));
+  const int max_sleep = std::max(0, opt.max_sleep_us);
+  int sleep_us = 1;
+  for (;;) {
+    int flag = 0;
+    *rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+    if (*rc != MPI_SUCCESS || flag) return Polled::Done;
+    const auto now = Clock::now();
+    if (now >= deadline) return Polled::Deadline;
+    if (stop && stop->load(std::memory_order_relaxed)) return Polled::Stopped;
+    if (now - start < spin || max_sleep == 0) continue;
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+    sleep_us = std::min(2 * sleep_us, max_sleep);
+  }
+}
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(std::string what, float* data, size_t count, ReduceOp op,
+          std::chrono::milliseconds timeout)
+      : what_(std::move(what)), data_(data), count_(count), op_(op), timeout_(bounded(timeout)) {}
+
+  void wait() override {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!cv_.wait_for(lk, timeout_, [&] { return finished_; }))
+      throw Error(timeout_message(describe(), timeout_));
+    if (!error_.empty()) throw Error(error_);
+  }
+
+  bool done() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return finished_;
+  }
+
+  void finish(std::string error) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      finished_ = true;
+      error_ = std::move(error);
+    }
+    cv_.notify_all();
+  }
+
+  std::string describe() const {
+    return detail::concat(what_, " (", format_bytes(count_ * sizeof(float)), ")");
+  }
+
+  float* data() const { return data_; }
+  size_t count() const { return count_; }
+  ReduceOp op() const { return op_; }
+
+ private:
+  const std::string what_;
+  float* const data_;
+  const size_t count_;
+  const ReduceOp op_;
+  const std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool finished_ = false;
+  std::string error_;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(const World& world, const MpiOptions& opt) : opt_(opt) {
+    DDP_MPI_CHECK(MPI_Comm_rank(world.comm, &rank_));
+    DDP_MPI_CHECK(MPI_Comm_size(world.comm, &size_));
+    // Note [two communicators].
+    DDP_MPI_CHECK(MPI_Comm_dup(world.comm, &async_comm_));
+    DDP_MPI_CHECK(MPI_Comm_dup(world.comm, &sync_comm_));
+    // Failures come back as codes, to be reported by wait() with context,
+    // instead of MPI ending the job with its own message.
+    DDP_MPI_CHECK(MPI_Comm_set_errhandler(async_comm_, MPI_ERRORS_RETURN));
+    DDP_MPI_CHECK(MPI_Comm_set_errhandler(sync_comm_, MPI_ERRORS_RETURN));
+    MPI_Comm_set_name(async_comm_, "ddp all-reduce");
+    MPI_Comm_set_name(sync_comm_, "ddp blocking");
+    if (size_ > 1) thread_ = std::thread([this] { run(); });
+  }
+
+  ~MpiCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_.store(true);
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    for (auto& w : queue_)
+      w->finish(detail::concat(w->describe(), " was not started: the communicator was destroyed"));
+    queue_.clear();
+    reap_orphans();
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    // Note [abandoned requests]: a communicator with a request still posted is
+    // leaked, and so is that request's staging buffer.
+    if (!abandoned_async_) MPI_Comm_free(&async_comm_);
+    if (orphans_.empty())
+      MPI_Comm_free(&sync_comm_);
+    else
+      new std::vector<Orphan>(std::move(orphans_));
+  }
+
+  const char* backend() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  std::shared_ptr<Work> allreduce_async(float* data, size_t count, ReduceOp op,
+                                        std::string what) override {
+    auto w = std::make_shared<MpiWork>(std::move(what), data, count, op, timeout_);
+    DDP_CHECK(data != nullptr || count == 0, w->describe(), ": null buffer");
+    // With one rank the sum and the mean are the buffer itself.
+    if (size_ == 1 || count == 0) {
+      w->finish("");
+      return w;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      DDP_CHECK(!stop_.load(), w->describe(), ": the communicator is shutting down");
+      queue_.push_back(w);
+    }
+    cv_.notify_one();
+    return w;
+  }
+
+  void broadcast(void* data, size_t bytes, int root, const std::string& what) override {
+    DDP_CHECK(root >= 0 && root < size_, what, ": broadcast root ", root,
+              " is not a rank of this world of ", size_);
+    DDP_CHECK(data != nullptr || bytes == 0, what, ": broadcast of a null buffer");
+    if (size_ == 1 || bytes == 0) return;
+    const std::string desc =
+        detail::concat(what, " (broadcast of ", format_bytes(bytes), " from rank ", root, ")");
+    char* p = static_cast<char*>(data);
+    std::vector<char> stage(std::min(bytes, kBroadcastChunkBytes));
+    for (size_t off = 0; off < bytes; off += stage.size()) {
+      const size_t n = std::min(stage.size(), bytes - off);
+      if (rank_ == root) std::memcpy(stage.data(), p + off, n);
+      MPI_Request req;
+      check(MPI_Ibcast(stage.data(), int(n), MPI_BYTE, root, sync_comm_, &req), desc);
+      complete(&req, stage, desc);
+      if (rank_ != root) std::memcpy(p + off, stage.data(), n);
+    }
+  }
+
+  void barrier(const std::string& what) override {
+    if (size_ == 1) return;
+    const std::string desc = detail::concat(what, " (barrier)");
+    std::vector<char> none;
+    MPI_Request req;
+    check(MPI_Ibarrier(sync_comm_, &req), desc);
+    complete(&req, none, desc);
+  }
+
+  std::vector<char> allgather(const void* mine, size_t bytes, const std::string& what) override {
+    DDP_CHECK(mine != nullptr || bytes == 0, what, ": allgather of a null buffer");
+    DDP_CHECK(bytes <= size_t(INT_MAX), what, ": allgather of ", format_bytes(bytes),
+              " per rank is too large (it is meant for metadata)");
+    if (size_ == 1 || bytes == 0) {
+      const char* p = static_cast<const char*>(mine);
+      return std::vector<char>(p, p + bytes);
+    }
+    const std::string desc =
+        detail::concat(what, " (allgather of ", format_bytes(bytes), " per rank)");
+    // One allocation holds our contribution and the result, so that an
+    // abandoned request keeps both alive (Note [abandoned requests]).
+    std::vector<char> stage(bytes * (size_ + 1));
+    std::memcpy(stage.data() + bytes * size_, mine, bytes);
+    MPI_Request req;
+    check(MPI_Iallgather(stage.data() + bytes * size_, int(bytes), MPI_BYTE, stage.data(),
+                         int(bytes), MPI_BYTE, sync_comm_, &req),
+          desc);
+    complete(&req, stage, desc);
+    stage.resize(bytes * size_);
+    return stage;
+  }
+
+  void allreduce_doubles(double* data, size_t count, bool max, const std::string& what) override {
+    DDP_CHECK(data != nullptr || count == 0, what, ": all-reduce of a null buffer");
+    DDP_CHECK(count <= size_t(INT_MAX) / sizeof(double), what, ": all-reduce of ", count,
+              " doubles is too large (it is meant for metrics)");
+    if (size_ == 1 || count == 0) return;
+    const std::string desc =
+        detail::concat(what, " (all-reduce ", max ? "max" : "sum", " of ", count, " doubles)");
+    std::vector<char> stage(count * sizeof(double));
+    std::memcpy(stage.data(), data, stage.size());
+    MPI_Request req;
+    check(MPI_Iallreduce(MPI_IN_PLACE, stage.data(), int(count), MPI_DOUBLE,
+                         max ? MPI_MAX : MPI_SUM, sync_comm_, &req),
+          desc);
+    complete(&req, stage, desc);
+    std::memcpy(data, stage.data(), stage.size());
+  }
+
+ private:
+  struct Orphan {
+    MPI_Request req;
+    std::vector<char> buffer;
+  };
+
+  static void check(int rc, const std::string& desc) {
+    if (rc != MPI_SUCCESS) DDP_FAIL(desc, " failed: ", mpi_error_string(rc));
+  }
+
+  // Waits for a blocking collective on the caller's thread, bounded by the
+  // timeout. On timeout the request and its buffer become an orphan.
+  void complete(MPI_Request* req, std::vector<char>& buffer, const std::string& desc) {
+    const auto timeout = bounded(timeout_);
+    int rc = MPI_SUCCESS;
+    if (poll(req, opt_, Clock::now() + timeout, nullptr, &rc) == Polled::Deadline) {
+      orphans_.push_back({*req, std::move(buffer)});
+      throw Error(timeout_message(desc, timeout));
+    }
+    check(rc, desc);
+    reap_orphans();
+  }
+
+  void reap_orphans() {
+    for (auto it = orphans_.begin(); it != orphans_.end();) {
+      int flag = 0;
+      if (MPI_Test(&it->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag)
+        it = orphans_.erase(it);
+      else
+        ++it;
+    }
+  }
+
+  // The communication thread: all-reduces one at a time, in issue order, so
+  // every rank matches them the same way (Note [two communicators]).
+  void run() {
+#ifdef __linux__
+    // Without this, a sleep of a few microseconds lasts the default timer
+    // slack of 50 us, which is latency added to every poll.
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+#endif
+    std::string broken;  // once a collective failed, this communicator is unusable
+    for (;;) {
+      std::shared_ptr<MpiWork> w;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_.load() || !queue_.empty(); });
+        if (stop_.load()) return;
+        w = queue_.front();
+        queue_.pop_front();
+      }
+      std::string error;
+      if (!broken.empty()) {
+        error = detail::concat(w->describe(), " was not started: an earlier operation failed: ",
+                               broken);
+      } else {
+        try {
+          error = execute(*w);
+        } catch (const std::exception& e) {
+          error = detail::concat(w->describe(), " failed: ", e.what());
+        }
+        if (!error.empty()) broken = error;
+      }
+      w->finish(std::move(error));
+      if (stop_.load()) return;
+    }
+  }
+
+  std::string execute(const MpiWork& w) {
+    float* const data = w.data();
+    for (size_t off = 0; off < w.count(); off += kMaxFloatsPerCall) {
+      const int n = int(std::min(kMaxFloatsPerCall, w.count() - off));
+      MPI_Request req;
+      int rc = MPI_Iallreduce(MPI_IN_PLACE, data + off, n, MPI_FLOAT, MPI_SUM, async_comm_, &req);
+      if (rc != MPI_SUCCESS)
+        return detail::concat(w.describe(), " failed: MPI_Iallreduce: ", mpi_error_string(rc));
+      if (poll(&req, opt_, Clock::time_point::max(), &stop_, &rc) == Polled::Stopped) {
+        abandoned_async_ = true;  // Note [abandoned requests]
+        return detail::concat(w.describe(), " did not complete: the communicator was destroyed");
+      }
+      if (rc != MPI_SUCCESS)
+        return detail::concat(w.describe(), " failed: MPI_Test: ", mpi_error_string(rc));
+    }
+    // Avg is a sum scaled here, off the caller's thread, while it computes.
+    if (w.op() == ReduceOp::Avg) {
+      const float scale = 1.0f / float(size_);
+      for (size_t i = 0; i < w.count(); ++i) data[i] *= scale;
+    }
+    return "";
+  }
+
+  const MpiOptions opt_;
+  int rank_ = 0, size_ = 1;
+  MPI_Comm async_comm_ = MPI_COMM_NULL, sync_comm_ = MPI_COMM_NULL;
+
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<MpiWork>> queue_;
+  std::atomic<bool> stop_{false};
+  bool abandoned_async_ = false;  // written by the thread, read after join
+
+  std::vector<Orphan> orphans_;  // caller's thread only
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(const World& world, const MpiOptions& options) {
+  return std::make_unique<MpiCommunicator>(world, options);
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(const World& world) {
+  return make_mpi_communicator(world, MpiOptions{});
+}
+
+}  // namespace ddp::comm

@@ -1,0 +1,53 @@
+// ddp_train: one process per rank. Turns every failure into the contract
+// "ddp_train: error: <what> (rank R)" on stderr and a non-zero exit of the
+// whole job (MPI_Abort), never a hang.
+#include <cstdio>
+#include <exception>
+#include <iostream>
+
+#include "ddp/cli/options.hpp"       // parse_options: flags -> Config
+#include "ddp/core/error.hpp"        // Error, UsageError
+#include "ddp/runtime/world.hpp"     // init_world, abort_world
+#include "ddp/train/trainer.hpp"     // run: the epoch loop
+
+namespace {
+
+[[noreturn]] void fail(const ddp::World& world, const char* what, bool same_on_every_rank) {
+  // Errors every rank raises alike are said once, by rank 0; the others wait
+  // for rank 0's MPI_Abort to end them.
+  if (!same_on_every_rank || world.rank == 0) {
+    std::fprintf(stderr, "ddp_train: error: %s (rank %d)\n", what, world.rank);
+    std::fflush(stderr);
+    ddp::abort_world(1);
+  }
+  MPI_Barrier(world.comm);
+  ddp::abort_world(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ddp::World world;
+  try {
+    world = ddp::init_world(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp_train: error: %s (rank ?)\n", e.what());
+    ddp::abort_world(1);
+  }
+  try {
+    const auto parsed = ddp::cli::parse_options(argc, argv, world.size);
+    if (parsed.help) {
+      if (world.rank == 0) std::cout << *parsed.help;
+      ddp::finalize_world(world);
+      return 0;
+    }
+    const int rc = ddp::train::run(world, parsed.config, std::cout);
+    ddp::finalize_world(world);
+    return rc;
+  } catch (const ddp::UsageError& e) {
+    fail(world, e.what(), true);
+  } catch (const std::exception& e) {
+    fail(world, e.what(), false);
+  }
+}
+

@@ -1,0 +1,64 @@
+// conv2d on the CPU: the chunked im2col + GEMM driver (conv_engine.hpp) with
+// the plain epilogue (bias, scatter to NCHW) and source (gather dy from NCHW).
+#include <algorithm>
+
+#include "ddp/core/error.hpp"
+#include "ddp/nn/conv_engine.hpp"
+#include "ddp/nn/cpu_ops.hpp"
+
+namespace ddp::nn::cpu {
+
+void check_conv_geom(const ConvGeom& g) {
+  DDP_CHECK(g.batch >= 0 && g.in_c > 0 && g.in_h > 0 && g.in_w > 0 && g.out_c > 0,
+            "conv2d: bad shape batch=", g.batch, " in=", g.in_c, "x", g.in_h, "x", g.in_w,
+            " out_c=", g.out_c);
+  DDP_CHECK(g.k > 0 && g.stride > 0 && g.pad >= 0, "conv2d: bad kernel k=", g.k,
+            " stride=", g.stride, " pad=", g.pad);
+  DDP_CHECK(g.in_h + 2 * g.pad >= g.k && g.in_w + 2 * g.pad >= g.k, "conv2d: kernel ", g.k,
+            " larger than padded input ", g.in_h, "x", g.in_w, " (pad ", g.pad, ")");
+}
+
+template <typename T>
+void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
+                    ConvScratch<T>& s, ThreadPool* pool) {
+  const int OHW = g.out_h() * g.out_w();
+  const int64_t out_img = int64_t(g.out_c) * OHW;
+  conv_forward_chunks(g, x, w, s, pool, [&](int n0, int nb, const T* out, int64_t ld) {
+    for (int i = 0; i < nb; ++i) {
+      T* yi = y + (n0 + i) * out_img;
+      for (int oc = 0; oc < g.out_c; ++oc) {
+        const T* src = out + int64_t(oc) * ld + int64_t(i) * OHW;
+        T* dst = yi + int64_t(oc) * OHW;
+        const T bias = b ? b[oc] : T(0);
+        for (int p = 0; p < OHW; ++p) dst[p] = src[p] + bias;
+      }
+    }
+  });
+}
+
+template <typename T>
+void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
+                     ConvScratch<T>& s, ThreadPool* pool) {
+  const int OHW = g.out_h() * g.out_w();
+  const int64_t out_img = int64_t(g.out_c) * OHW;
+  conv_backward_chunks(g, x, w, dw, db, dx, s, pool, [&](int n0, int nb, T* dyc, int64_t ld) {
+    for (int i = 0; i < nb; ++i) {
+      const T* dyi = dy + (n0 + i) * out_img;
+      for (int oc = 0; oc < g.out_c; ++oc)
+        std::copy(dyi + int64_t(oc) * OHW, dyi + int64_t(oc + 1) * OHW,
+                  dyc + int64_t(oc) * ld + int64_t(i) * OHW);
+    }
+  });
+}
+
+template void conv2d_forward<float>(const ConvGeom&, const float*, const float*, const float*,
+                                    float*, ConvScratch<float>&, ThreadPool*);
+template void conv2d_forward<double>(const ConvGeom&, const double*, const double*, const double*,
+                                     double*, ConvScratch<double>&, ThreadPool*);
+template void conv2d_backward<float>(const ConvGeom&, const float*, const float*, const float*,
+                                     float*, float*, float*, ConvScratch<float>&, ThreadPool*);
+template void conv2d_backward<double>(const ConvGeom&, const double*, const double*,
+                                      const double*, double*, double*, double*,
+                                      ConvScratch<double>&, ThreadPool*);
+
+}  // namespace ddp::nn::cpu

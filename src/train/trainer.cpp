@@ -1,0 +1,341 @@
+#include "ddp/train/trainer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <vector>
+
+#include "ddp/checkpoint/safetensors.hpp"   // write_safetensors: --output-model
+#include "ddp/comm/communicator.hpp"        // Communicator: MPI backend
+#include "ddp/core/error.hpp"               // DDP_CHECK
+#include "ddp/data/dataset.hpp"             // load_idx_dir, make_synthetic
+#include "ddp/data/loader.hpp"              // Loader: prefetching batches
+#include "ddp/data/sampler.hpp"             // DistributedSampler, eval_shard
+#include "ddp/ddp/reducer.hpp"              // Reducer, broadcast_parameters
+#include "ddp/nn/model.hpp"                 // make_model, loss, accuracy
+#include "ddp/optim/sgd.hpp"                // Sgd over the flat buffer
+#include "ddp/runtime/stop_signal.hpp"       // SIGTERM/SIGINT -> stop at a step boundary
+#include "ddp/train/resume.hpp"             // checkpoint contents, resume point
+
+namespace ddp::train {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// What each rank tells rank 0 at start-up (fixed size for allgather).
+struct RankInfo {
+  char host[64];
+  int32_t local_rank, local_size, threads;
+  int64_t shard, steps;
+};
+
+// One table of every rank, so a misconfigured job is visible in its first
+// lines; and the agreement check: every rank must take the same number of
+// steps per epoch, or the collectives of the last steps would never match.
+void startup_check(comm::Communicator& comm, const World& world, const Config& cfg,
+                   const nn::Model& model, const Reducer& reducer, int64_t shard, int64_t steps,
+                   std::ostream& out) {
+  RankInfo mine{};
+  std::snprintf(mine.host, sizeof(mine.host), "%s", world.host.c_str());
+  mine.local_rank = world.local_rank;
+  mine.local_size = world.local_size;
+  mine.threads = world.threads;
+  mine.shard = shard;
+  mine.steps = steps;
+  const std::vector<char> all = comm.allgather(&mine, sizeof(mine), "start-up rank table");
+  std::vector<RankInfo> ranks(world.size);
+  std::memcpy(ranks.data(), all.data(), all.size());
+  for (int r = 1; r < world.size; ++r)
+    DDP_CHECK(ranks[r].steps == ranks[0].steps, "ranks disagree on steps per epoch: rank 0 has ",
+              ranks[0].steps, ", rank ", r, " has ", ranks[r].steps, " (shards ", ranks[0].shard,
+              " and ", ranks[r].shard, " samples); refusing to start");
+  if (world.rank != 0) return;
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "ddp_train: %d rank%s, backend %s, device cpu, model %s (%zu parameters, %zu bucket%s), "
+                "global batch %d (%d per rank), %lld steps per epoch\n",
+                world.size, world.size == 1 ? "" : "s", comm.backend(), cfg.model.c_str(),
+                model.num_params(), reducer.buckets().size(), reducer.buckets().size() == 1 ? "" : "s",
+                cfg.batch_size, cfg.batch_size / world.size, static_cast<long long>(steps));
+  out << line;
+  out << " rank  host                 local  device  threads  shard  steps\n";
+  for (int r = 0; r < world.size; ++r) {
+    std::snprintf(line, sizeof(line), " %4d  %-20s %2d/%-3d cpu     %7d  %5lld  %5lld\n", r, ranks[r].host,
+                  ranks[r].local_rank, ranks[r].local_size, ranks[r].threads,
+                  static_cast<long long>(ranks[r].shard), static_cast<long long>(ranks[r].steps));
+    out << line;
+  }
+  out.flush();
+}
+
+data::Split load_data(const Config& cfg) {
+  if (!cfg.data_dir.empty()) return data::load_idx_dir(cfg.data_dir);
+  return data::make_synthetic(cfg.synthetic > 0 ? cfg.synthetic : kDefaultSynthetic, cfg.seed);
+}
+
+// Exact distributed accuracy: each rank counts its eval_shard, counts are summed.
+double evaluate(comm::Communicator& comm, const World& world, nn::Model& model,
+                const data::Dataset& test, int batch) {
+  const int classes = static_cast<int>(model.output_shape().numel());
+  data::Loader loader(test, data::eval_shard(test.n, world.size, world.rank), batch,
+                      /*drop_last=*/false);
+  data::Batch b;
+  double counts[2] = {0, 0};
+  while (loader.next(b)) {
+    const float* logits = model.forward(b.x.data(), b.size);
+    counts[0] += static_cast<double>(nn::count_correct(logits, b.y.data(), b.size, classes));
+    counts[1] += b.size;
+  }
+  comm.allreduce_doubles(counts, 2, /*max=*/false, "evaluation counts");
+  return counts[1] > 0 ? counts[0] / counts[1] : 0.0;
+}
+
+void write_model(const std::string& path, const nn::Model& model, const Config& cfg, int world_size,
+                 int epochs_done) {
+  std::vector<checkpoint::TensorView> views;
+  for (const auto& p : model.param_info())
+    views.push_back({p.name, p.shape, model.params() + p.offset});
+  checkpoint::write_safetensors(path, views,
+                                {{"format", "ddp-model"},
+                                 {"model", cfg.model},
+                                 {"epochs", std::to_string(epochs_done)},
+                                 {"world_size", std::to_string(world_size)},
+                                 {"global_batch", std::to_string(cfg.batch_size)},
+                                 {"seed", std::to_string(cfg.seed)}});
+}
+
+// The epoch's running sums on this rank (reduced across ranks at the end).
+struct EpochSums {
+  double loss = 0, correct = 0, samples = 0, comm_wait = 0;
+};
+
+}  // namespace
+
+int run(const World& world, const Config& cfg, std::ostream& out) {
+  const bool leader = world.rank == 0;
+  auto comm = comm::make_mpi_communicator(world);
+  comm->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_sec * 1000)));
+
+  const data::Split data = load_data(cfg);
+  const data::Dataset& train = data.train;
+  const int per_rank = cfg.batch_size / world.size;
+
+  auto model = nn::make_model(cfg.model, {train.c, train.h, train.w}, train.classes);
+  model->init_params(cfg.seed);
+  optim::Sgd sgd(model->num_params(), {cfg.lr, cfg.momentum, 0.0, cfg.weight_decay, cfg.nesterov});
+
+  data::DistributedSampler sampler(train.n, world.size, world.rank, cfg.seed);
+  const int64_t steps = sampler.num_samples() / per_rank;
+  DDP_CHECK(steps > 0, "dataset too small: ", train.n, " training images (", train.source,
+            ") do not fill one global batch of ", cfg.batch_size, " (--batch-size)");
+
+  // Where to start: a checkpoint's position, or the beginning.
+  checkpoint::RunState state;
+  state.config = resume_config(cfg, *model, train);
+  const bool checkpointing = !cfg.checkpoint_dir.empty();
+  if (const auto resumed = find_resume_point(*comm, cfg, state.config, out, std::cerr)) {
+    restore(resumed->path, resumed->checkpoint, *model, sgd);
+    const auto& saved = resumed->checkpoint.state;
+    DDP_CHECK(saved.step_in_epoch < steps, resumed->path, ": checkpoint is at step ", saved.step_in_epoch,
+              " of an epoch that has only ", steps, " steps here");
+    const auto config = state.config;
+    state = saved;
+    state.config = config;
+  } else {
+    broadcast_parameters(*comm, model->params(), model->num_params());
+  }
+  if (checkpointing) install_stop_handlers();
+
+  std::vector<size_t> numels;
+  for (const auto& p : model->param_info()) numels.push_back(p.numel);
+  Reducer reducer(*comm, model->grads(), numels, cfg.bucket_cap_mb, cfg.overlap);
+
+  startup_check(*comm, world, cfg, *model, reducer, sampler.num_samples(), steps, out);
+
+  std::ofstream metrics;
+  if (leader && !cfg.metrics_out.empty()) {
+    // A resumed run appends: the file then holds every epoch once.
+    metrics.open(cfg.metrics_out, state.global_step > 0 ? std::ios::app : std::ios::trunc);
+    DDP_CHECK(metrics, cfg.metrics_out, ": cannot open for writing (--metrics-out): ", std::strerror(errno));
+  }
+
+  // Rank 0 writes; the others only take part in agreeing when. Nothing here
+  // is collective, so the cadence must be a function of the step alone.
+  auto save = [&](const checkpoint::RunState& s) {
+    if (!leader) return std::string();
+    return checkpoint::save_checkpoint(cfg.checkpoint_dir, s, checkpoint_tensors(*model, sgd),
+                                       cfg.keep_checkpoints);
+  };
+  // Every rank must see the same answer at the same step (ranks get signals
+  // at different moments), so the flag is all-reduced at each boundary.
+  auto stop_requested = [&]() {
+    double sig = stop_signal();
+    comm->allreduce_doubles(&sig, 1, /*max=*/true, "stop-signal agreement");
+    return static_cast<int>(sig);
+  };
+
+  const int classes = static_cast<int>(model->output_shape().numel());
+  std::vector<float> dlogits(static_cast<size_t>(per_rank) * classes);
+  std::vector<double> epoch_secs, rates;
+  double last_loss = 0, last_acc = 0, last_train_acc = 0;
+  data::Batch batch;
+  auto on_ready = [&reducer](size_t n) { reducer.grads_ready(n); };
+  const int64_t first_epoch = state.epoch;
+
+  for (int64_t epoch = first_epoch; epoch < cfg.epochs; ++epoch) {
+    sampler.set_epoch(static_cast<uint64_t>(epoch));
+    const int64_t first_step = epoch == first_epoch ? state.step_in_epoch : 0;
+    data::Loader loader(train, sampler.indices(), per_rank, /*drop_last=*/true, first_step);
+    // Sums of the epoch so far: this rank's part of them. A resumed epoch
+    // starts from the checkpoint's totals, counted once (by rank 0).
+    EpochSums sums;
+    double resumed_sec = 0;
+    if (first_step > 0 && leader) {
+      sums.loss = state.epoch_loss_sum;
+      sums.correct = state.epoch_correct;
+      sums.samples = state.epoch_samples;
+    }
+    if (first_step > 0) resumed_sec = state.epoch_train_sec;
+    const auto t0 = Clock::now();
+    int64_t step = first_step;
+    while (loader.next(batch)) {
+      model->zero_grads();
+      const float* logits = model->forward(batch.x.data(), batch.size);
+      const float loss = nn::softmax_cross_entropy(logits, batch.y.data(), batch.size, classes, dlogits.data());
+      sums.correct += static_cast<double>(nn::count_correct(logits, batch.y.data(), batch.size, classes));
+      reducer.begin_backward();
+      model->backward(dlogits.data(), batch.size, on_ready);
+      sums.comm_wait += reducer.finish().wait_sec;
+      sgd.step(model->params(), model->grads());
+      sums.loss += static_cast<double>(loss) * batch.size;
+      sums.samples += batch.size;
+      ++step;
+      ++state.global_step;
+      state.samples_consumed += cfg.batch_size;
+      if (!checkpointing || step == steps) continue;  // the epoch's end saves below
+      const int sig = stop_requested();
+      const bool due = cfg.checkpoint_every > 0 && state.global_step % cfg.checkpoint_every == 0;
+      if (!sig && !due) continue;
+      // Mid-epoch checkpoint: the epoch's sums so far, over all ranks.
+      double part[3] = {sums.loss, sums.correct, sums.samples};
+      comm->allreduce_doubles(part, 3, /*max=*/false, "checkpoint epoch sums");
+      checkpoint::RunState s = state;
+      s.epoch = epoch;
+      s.step_in_epoch = step;
+      s.world_size = world.size;
+      s.epoch_loss_sum = part[0];
+      s.epoch_correct = part[1];
+      s.epoch_samples = part[2];
+      s.epoch_train_sec = resumed_sec + seconds_since(t0);
+      const std::string path = save(s);
+      if (sig) {
+        if (leader)
+          out << "ddp_train: stopped by signal " << sig << " at epoch " << epoch + 1 << ", step " << step
+              << "; checkpoint " << path << "; rerun with --resume auto to continue\n"
+              << std::flush;
+        comm->barrier("stop after checkpoint");
+        return kExitStoppedBySignal;
+      }
+    }
+    double train_sec = seconds_since(t0);
+    comm->allreduce_doubles(&train_sec, 1, /*max=*/true, "epoch time");
+    double totals[4] = {sums.loss, sums.correct, sums.samples, sums.comm_wait};
+    comm->allreduce_doubles(totals, 4, /*max=*/false, "training metrics");
+    train_sec += resumed_sec;
+
+    const auto t1 = Clock::now();
+    const double test_acc = evaluate(*comm, world, *model, data.test, per_rank);
+    const double eval_sec = seconds_since(t1);
+
+    last_loss = totals[0] / totals[2];
+    last_train_acc = totals[1] / totals[2];
+    last_acc = test_acc;
+    const double rate = totals[2] / train_sec;
+    epoch_secs.push_back(train_sec);
+    rates.push_back(rate);
+    if (leader) {
+      if (!cfg.quiet) {
+        char line[256];
+        std::snprintf(line, sizeof(line),
+                      "epoch %lld/%d  train_loss %.4f  train_acc %.4f  test_acc %.4f  time %.2fs  %.0f samples/s  "
+                      "comm_wait %.3fs\n",
+                      static_cast<long long>(epoch + 1), cfg.epochs, last_loss, last_train_acc, test_acc, train_sec,
+                      rate, totals[3] / world.size);
+        out << line << std::flush;
+      }
+      if (metrics.is_open()) {
+        metrics << json{{"epoch", epoch + 1},       {"train_loss", last_loss}, {"train_acc", last_train_acc},
+                        {"test_acc", test_acc},     {"epoch_sec", train_sec},  {"eval_sec", eval_sec},
+                        {"samples_per_sec", rate},  {"comm_wait_sec", totals[3] / world.size}}
+                       .dump()
+                << "\n"
+                << std::flush;
+      }
+    }
+    if (checkpointing) {
+      checkpoint::RunState s = state;
+      s.epoch = epoch + 1;
+      s.step_in_epoch = 0;
+      s.world_size = world.size;
+      s.epoch_loss_sum = s.epoch_correct = s.epoch_samples = s.epoch_train_sec = 0;
+      save(s);
+      if (const int sig = stop_requested(); sig && epoch + 1 < cfg.epochs) {
+        if (leader)
+          out << "ddp_train: stopped by signal " << sig << " after epoch " << epoch + 1
+              << "; rerun with --resume auto to continue\n"
+              << std::flush;
+        comm->barrier("stop after checkpoint");
+        return kExitStoppedBySignal;
+      }
+    }
+  }
+  // A run resumed after its last epoch still reports where it stands.
+  if (epoch_secs.empty()) last_acc = evaluate(*comm, world, *model, data.test, per_rank);
+
+  if (leader && !cfg.output_model.empty()) write_model(cfg.output_model, *model, cfg, world.size, cfg.epochs);
+  if (leader) {
+    out << json{{"event", "summary"},
+                {"world_size", world.size},
+                {"epochs", cfg.epochs},
+                {"model", cfg.model},
+                {"global_batch", cfg.batch_size},
+                {"steps_per_epoch", steps},
+                {"global_step", state.global_step},
+                {"backend", comm->backend()},
+                {"device", "cpu"},
+                {"overlap", cfg.overlap},
+                {"test_acc", last_acc},
+                {"train_acc", last_train_acc},
+                {"train_loss", last_loss},
+                {"epoch_sec_median", median(epoch_secs)},
+                {"samples_per_sec", median(rates)}}
+               .dump()
+        << std::endl;
+  }
+  // Nobody leaves before rank 0 has written its files: a rank that exits
+  // early would not hurt, but a job that reports success before the model is
+  // on disk would.
+  comm->barrier("end of training");
+  return 0;
+}
+
+}  // namespace ddp::train

@@ -1,0 +1,138 @@
+#include "run_process.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace ddp::test {
+
+std::string make_temp_dir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "ddp_cli_XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+  return tmpl;
+}
+
+void remove_tree(const std::string& dir) { std::filesystem::remove_all(dir); }
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+namespace {
+
+std::string command_line(int np, const std::string& args) {
+  std::string cmd;
+  if (np > 0)
+    cmd = std::string(DDP_MPIEXEC) + " -np " + std::to_string(np) + " --oversubscribe --bind-to none ";
+  return cmd + DDP_TRAIN_BIN + " " + args;
+}
+
+RunResult collect(int raw, const std::string& dir) {
+  RunResult r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  r.out = read_text(dir + "/out");
+  r.err = read_text(dir + "/err");
+  return r;
+}
+
+}  // namespace
+
+RunResult run_ddp_train(int np, const std::string& args) {
+  const std::string dir = make_temp_dir();
+  const std::string cmd = command_line(np, args) + " >" + dir + "/out 2>" + dir + "/err </dev/null";
+  const RunResult r = collect(std::system(cmd.c_str()), dir);
+  remove_tree(dir);
+  return r;
+}
+
+BackgroundJob::BackgroundJob(int np, const std::string& args) : dir_(make_temp_dir()) {
+  const std::string cmd =
+      "exec " + command_line(np, args) + " >" + dir_ + "/out 2>" + dir_ + "/err </dev/null";
+  pid_ = ::fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    ::setsid();
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+}
+
+BackgroundJob::~BackgroundJob() {
+  if (running()) kill_all();
+  if (!reaped_) wait();
+  remove_tree(dir_);
+}
+
+// mpirun puts each rank in a process group of its own, and ranks outlive a
+// killed mpirun; they all stay in the session the job was started in.
+void BackgroundJob::kill_all() {
+  for (;;) {
+    int found = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const std::string stat = read_text(e.path().string() + "/stat");
+      const auto close = stat.rfind(')');
+      if (close == std::string::npos) continue;
+      // Fields after "pid (comm)": state ppid pgrp session ...
+      std::istringstream rest(stat.substr(close + 2));
+      std::string state;
+      long ppid = 0, pgrp = 0, session = 0;
+      rest >> state >> ppid >> pgrp >> session;
+      if (session == pid_ && state != "Z") {
+        ::kill(std::stol(name), SIGKILL);
+        ++found;
+      }
+    }
+    if (found == 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+void BackgroundJob::signal_launcher(int sig) { ::kill(pid_, sig); }
+
+bool BackgroundJob::running() {
+  if (reaped_) return false;
+  const int r = ::waitpid(pid_, &raw_status_, WNOHANG);
+  if (r == pid_) reaped_ = true;
+  return !reaped_;
+}
+
+RunResult BackgroundJob::wait() {
+  if (!reaped_) {
+    ::waitpid(pid_, &raw_status_, 0);
+    reaped_ = true;
+  }
+  // Ranks orphaned by a killed launcher must not outlive the test.
+  kill_all();
+  return collect(raw_status_, dir_);
+}
+
+bool wait_until(const std::function<bool()>& pred, double timeout_s) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
+}  // namespace ddp::test

@@ -1,0 +1,135 @@
+// End-to-end training as a user runs it: the summary contract, the start-up
+// table, metrics files, exact data parallelism, and learning on real data.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ddp/checkpoint/safetensors.hpp"
+#include "run_process.hpp"
+
+namespace ddp::test {
+namespace {
+
+using json = nlohmann::json;
+
+json summary_of(const RunResult& r) {
+  json found;
+  for (const auto& l : lines_of(r.out))
+    if (l.find("\"event\":\"summary\"") != std::string::npos) found = json::parse(l);
+  return found;
+}
+
+TEST(Training, SummaryMetricsAndStartupTable) {
+  const std::string dir = make_temp_dir();
+  auto r = run_ddp_train(4, "--synthetic 2000 --epochs 3 --batch-size 128 --metrics-out " + dir + "/m.jsonl");
+  ASSERT_EQ(r.status, 0) << r.err;
+  // The last line of stdout is the summary.
+  const auto lines = lines_of(r.out);
+  ASSERT_FALSE(lines.empty());
+  const json s = json::parse(lines.back());
+  EXPECT_EQ(s["event"], "summary");
+  for (const char* key : {"world_size", "epochs", "test_acc", "train_loss", "epoch_sec_median", "samples_per_sec"})
+    EXPECT_TRUE(s.contains(key)) << key;
+  EXPECT_EQ(s["world_size"], 4);
+  EXPECT_EQ(s["epochs"], 3);
+  EXPECT_GT(s["samples_per_sec"].get<double>(), 0);
+  // One line per epoch from rank 0 only.
+  int epoch_lines = 0;
+  for (const auto& l : lines) epoch_lines += l.rfind("epoch ", 0) == 0;
+  EXPECT_EQ(epoch_lines, 3) << r.out;
+  // The start-up table names every rank once.
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string row = " " + std::to_string(rank) + "  ";
+    EXPECT_NE(r.out.find(row), std::string::npos) << "no table row for rank " << rank << ":\n" << r.out;
+  }
+  EXPECT_NE(r.out.find("steps per epoch"), std::string::npos);
+  // --metrics-out: one JSON object per epoch, the last matching the summary.
+  const auto mlines = lines_of(read_text(dir + "/m.jsonl"));
+  ASSERT_EQ(mlines.size(), 3u);
+  for (size_t i = 0; i < mlines.size(); ++i) EXPECT_EQ(json::parse(mlines[i])["epoch"], i + 1);
+  EXPECT_DOUBLE_EQ(json::parse(mlines.back())["test_acc"].get<double>(), s["test_acc"].get<double>());
+  remove_tree(dir);
+}
+
+TEST(Training, LearnsTheSyntheticDataset) {
+  auto r = run_ddp_train(2, "--synthetic 3000 --epochs 4 --batch-size 32 --lr 0.03 --momentum 0.9 --quiet");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json s = summary_of(r);
+  ASSERT_FALSE(s.is_null()) << r.out;
+  EXPECT_GE(s["test_acc"].get<double>(), 0.9) << r.out;
+}
+
+double max_rel_diff(const checkpoint::SafetensorsFile& a, const checkpoint::SafetensorsFile& b) {
+  double max_diff = 0, max_abs = 0;
+  EXPECT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& ta : a.tensors) {
+    const auto* tb = b.find(ta.name);
+    EXPECT_NE(tb, nullptr) << ta.name;
+    if (!tb) continue;
+    EXPECT_EQ(ta.shape, tb->shape) << ta.name;
+    for (size_t i = 0; i < ta.data.size() && i < tb->data.size(); ++i) {
+      max_diff = std::max(max_diff, std::abs(double(ta.data[i]) - tb->data[i]));
+      max_abs = std::max(max_abs, std::abs(double(ta.data[i])));
+    }
+  }
+  return max_abs > 0 ? max_diff / max_abs : 1.0;
+}
+
+// DESIGN.md's global-step property: with the same global batch and seed, one
+// rank and four ranks see the same samples at every step and average the same
+// gradients, so they end with the same parameters (up to float summation order).
+TEST(Training, FourRanksEqualOneRank) {
+  const std::string dir = make_temp_dir();
+  const std::string args = " --synthetic 1200 --epochs 2 --batch-size 64 --lr 0.1 --momentum 0.9 --seed 7 --quiet";
+  auto r1 = run_ddp_train(1, args + " --output-model " + dir + "/np1.safetensors");
+  ASSERT_EQ(r1.status, 0) << r1.err;
+  auto r4 = run_ddp_train(4, args + " --bucket-cap-mb 0.05 --output-model " + dir + "/np4.safetensors");
+  ASSERT_EQ(r4.status, 0) << r4.err;
+  const auto a = checkpoint::read_safetensors(dir + "/np1.safetensors");
+  const auto b = checkpoint::read_safetensors(dir + "/np4.safetensors");
+  ASSERT_FALSE(a.tensors.empty());
+  EXPECT_LE(max_rel_diff(a, b), 1e-4);
+  // And a different seed really gives different parameters: the check can fail.
+  auto r5 = run_ddp_train(1, " --synthetic 1200 --epochs 2 --batch-size 64 --lr 0.1 --momentum 0.9 --seed 8 --quiet"
+                             " --output-model " + dir + "/other.safetensors");
+  ASSERT_EQ(r5.status, 0) << r5.err;
+  EXPECT_GT(max_rel_diff(a, checkpoint::read_safetensors(dir + "/other.safetensors")), 1e-2);
+  remove_tree(dir);
+}
+
+TEST(Training, OverlapAndDeferredCommunicationAgree) {
+  const std::string dir = make_temp_dir();
+  const std::string args = " --synthetic 1200 --epochs 1 --batch-size 64 --bucket-cap-mb 0.05 --quiet";
+  auto a = run_ddp_train(2, args + " --output-model " + dir + "/a.safetensors");
+  auto b = run_ddp_train(2, args + " --no-overlap --output-model " + dir + "/b.safetensors");
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(max_rel_diff(checkpoint::read_safetensors(dir + "/a.safetensors"),
+                         checkpoint::read_safetensors(dir + "/b.safetensors")),
+            0.0);
+  remove_tree(dir);
+}
+
+// d2l's recipe on real Fashion-MNIST images (the 3000-image subset needs more
+// epochs than the full set to leave the plateau of the N(0, 0.01) start), at
+// every world size the issue names.
+class D2lRecipe : public ::testing::TestWithParam<int> {};
+
+TEST_P(D2lRecipe, LearnsRealFashionMnist) {
+  auto r = run_ddp_train(GetParam(), std::string("--model lenet --data-dir ") + DDP_DATA_DIR +
+                                         " --epochs 80 --batch-size 256 --lr 0.2 --quiet");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json s = summary_of(r);
+  ASSERT_FALSE(s.is_null()) << r.out;
+  EXPECT_EQ(s["world_size"], GetParam());
+  EXPECT_GE(s["test_acc"].get<double>(), 0.70) << r.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, D2lRecipe, ::testing::Values(1, 2, 4),
+                         [](const auto& info) { return "np" + std::to_string(info.param); });
+
+}  // namespace
+}  // namespace ddp::test

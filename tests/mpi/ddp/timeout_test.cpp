@@ -1,0 +1,124 @@
+// Timeouts: an operation that a peer never joins must end in an error that
+// names it, not a hang. Each test uses its own communicator, whose stuck
+// operation cannot block the other tests' collectives (each communicator is
+// a separate MPI context), and the late peers then join the operation, so it
+// completes and leaves nothing behind (Note [abandoned requests]).
+#include <mpi.h>
+
+#include <chrono>
+#include <functional>
+#include <numeric>
+#include <thread>
+
+#include "ddp/comm/communicator.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/ddp/reducer.hpp"
+#include "test_world.hpp"
+
+namespace ddp {
+namespace {
+
+using namespace std::chrono_literals;
+using test::expect_contains;
+using test::test_world;
+
+// Rank 0 gives up first; the others start only after it has (this MPI_Barrier
+// on the world is where they wait, and where rank 0's MPI progresses its
+// abandoned request once they do join).
+void others_join_late(const std::function<void()>& join) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank != 0) join();
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST(Timeout, BarrierThatOnlyOneRankEntersThrowsNamingIt) {
+  auto comm = comm::make_mpi_communicator(test_world());
+  if (comm->size() < 2) GTEST_SKIP() << "needs two ranks";
+  if (comm->rank() == 0) {
+    comm->set_timeout(1s);
+    try {
+      comm->barrier("barrier before checkpoint");
+      ADD_FAILURE() << "barrier returned although no other rank entered it";
+    } catch (const Error& e) {
+      expect_contains(e.what(), "barrier before checkpoint");
+      expect_contains(e.what(), "did not complete within 1 s");
+      expect_contains(e.what(), "another rank may have failed or be stuck");
+    }
+    comm->set_timeout(300s);
+  }
+  others_join_late([&] { comm->barrier("late barrier"); });
+  // The communicator still works, in issue order.
+  comm->barrier("after the late barrier");
+  int mine = comm->rank();
+  auto all = comm->allgather(&mine, sizeof mine, "after");
+  EXPECT_EQ(all.size(), sizeof(int) * comm->size());
+}
+
+TEST(Timeout, AllreduceThatOnlyOneRankIssuesThrowsNamingItThenCompletesLate) {
+  auto comm = comm::make_mpi_communicator(test_world());
+  if (comm->size() < 2) GTEST_SKIP() << "needs two ranks";
+  std::vector<float> v(10, float(comm->rank() + 1));
+  std::shared_ptr<comm::Work> w;
+  if (comm->rank() == 0) {
+    comm->set_timeout(1s);
+    w = comm->allreduce_async(v.data(), v.size(), comm::ReduceOp::Sum, "all-reduce of bucket 3");
+    try {
+      w->wait();
+      ADD_FAILURE() << "wait returned although no other rank issued the all-reduce";
+    } catch (const Error& e) {
+      expect_contains(e.what(), "all-reduce of bucket 3 (40 B) did not complete within 1 s");
+      expect_contains(e.what(), "another rank may have failed or be stuck");
+    }
+    EXPECT_FALSE(w->done());
+  }
+  others_join_late(
+      [&] { comm->allreduce_async(v.data(), v.size(), comm::ReduceOp::Sum, "late")->wait(); });
+  if (comm->rank() == 0) {
+    // The communication thread kept driving it; the late peers completed it.
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (!w->done() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(1ms);
+    ASSERT_TRUE(w->done());
+    w->wait();
+  }
+  const int n = comm->size();
+  for (float x : v) EXPECT_EQ(x, n * (n + 1) / 2.0f);
+}
+
+TEST(Timeout, ReducerTimeoutNamesTheBucket) {
+  auto comm = comm::make_mpi_communicator(test_world());
+  if (comm->size() < 2) GTEST_SKIP() << "needs two ranks";
+  const std::vector<size_t> numels = {100, 200, 300};
+  std::vector<float> g(600, 1.f);
+  Reducer red(*comm, g.data(), numels, 1e-6);  // one bucket per parameter
+  ASSERT_EQ(red.buckets().size(), 3u);
+  if (comm->rank() == 0) {
+    comm->set_timeout(1s);
+    red.begin_backward();
+    red.grads_ready(600);
+    try {
+      red.finish();
+      ADD_FAILURE() << "finish returned although no other rank reduced";
+    } catch (const Error& e) {
+      expect_contains(e.what(), "bucket 0 of 3");
+      expect_contains(e.what(), "did not complete within 1 s");
+    }
+    comm->set_timeout(300s);
+  }
+  others_join_late([&] {
+    red.begin_backward();
+    red.grads_ready(600);
+    red.finish();
+  });
+  // Rank 0's buckets are still in flight on its communication thread; one
+  // more all-reduce, completed in issue order, says they are done.
+  float marker = 1.f;
+  comm->allreduce_async(&marker, 1, comm::ReduceOp::Sum, "drain")->wait();
+  EXPECT_EQ(marker, float(comm->size()));
+  for (float x : g) EXPECT_EQ(x, 1.f);  // the mean of ones
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,175 @@
+// The fused conv -> relu -> avgpool2 op: against the three unfused ops, against
+// finite differences, across thread counts, and its float layer.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <ostream>
+#include <vector>
+
+#include "ddp/core/error.hpp"
+#include "ddp/nn/cpu_ops.hpp"
+#include "ddp/nn/layers.hpp"
+#include "ddp/nn/thread_pool.hpp"
+#include "grad_check.hpp"
+
+namespace ddp::nn::cpu {
+// gtest prints parameters through PrintTo found by argument-dependent lookup.
+void PrintTo(const ConvGeom& g, std::ostream* os) {
+  *os << "batch " << g.batch << " in " << g.in_c << "x" << g.in_h << "x" << g.in_w << " out_c "
+      << g.out_c << " k " << g.k << " pad " << g.pad;
+}
+}  // namespace ddp::nn::cpu
+
+namespace ddp::nn {
+namespace {
+
+using cpu::ConvGeom;
+using test::max_rel_err;
+using test::random_vec;
+
+ConvGeom geom(int batch, int c, int h, int w, int oc, int k, int pad = 0) {
+  ConvGeom g;
+  g.batch = batch;
+  g.in_c = c;
+  g.in_h = h;
+  g.in_w = w;
+  g.out_c = oc;
+  g.k = k;
+  g.pad = pad;
+  return g;
+}
+
+struct Sizes {
+  size_t x, conv, pooled, w;
+};
+Sizes sizes(const ConvGeom& g) {
+  const size_t planes = size_t(g.batch) * g.out_c;
+  return {size_t(g.batch) * g.in_c * g.in_h * g.in_w, planes * g.out_h() * g.out_w(),
+          planes * (g.out_h() / 2) * (g.out_w() / 2), size_t(g.out_c) * g.in_c * g.k * g.k};
+}
+
+// The unfused chain: conv2d, relu, avgpool2, and its backward.
+struct Unfused {
+  std::vector<double> y, dx, dw, db;
+};
+Unfused unfused(const ConvGeom& g, const std::vector<double>& x, const std::vector<double>& w,
+                const std::vector<double>& b, const std::vector<double>& dy) {
+  const Sizes n = sizes(g);
+  cpu::ConvScratch<double> s;
+  std::vector<double> conv(n.conv), act(n.conv), dact(n.conv), dconv(n.conv);
+  Unfused u{std::vector<double>(n.pooled), std::vector<double>(n.x), std::vector<double>(n.w, 0.0),
+            std::vector<double>(size_t(g.out_c), 0.0)};
+  const int planes = g.batch * g.out_c;
+  cpu::conv2d_forward(g, x.data(), w.data(), b.data(), conv.data(), s);
+  cpu::relu_forward(int64_t(n.conv), conv.data(), act.data());
+  cpu::avgpool2_forward(planes, g.out_h(), g.out_w(), act.data(), u.y.data());
+  cpu::avgpool2_backward(planes, g.out_h(), g.out_w(), dy.data(), dact.data());
+  cpu::relu_backward(int64_t(n.conv), act.data(), dact.data(), dconv.data());
+  cpu::conv2d_backward(g, x.data(), w.data(), dconv.data(), u.dw.data(), u.db.data(), u.dx.data(), s);
+  return u;
+}
+
+class Fused : public ::testing::TestWithParam<ConvGeom> {};
+
+TEST_P(Fused, MatchesUnfusedChain) {
+  const ConvGeom g = GetParam();
+  const Sizes n = sizes(g);
+  const auto x = random_vec(n.x, 1), w = random_vec(n.w, 2), b = random_vec(size_t(g.out_c), 3),
+             dy = random_vec(n.pooled, 4);
+  const Unfused want = unfused(g, x, w, b, dy);
+
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    cpu::ConvScratch<double> s;
+    std::vector<uint8_t> mask;
+    std::vector<double> y(n.pooled), dx(n.x, 99.0), dw(n.w, 0.0), db(size_t(g.out_c), 0.0);
+    cpu::conv2d_relu_avgpool2_forward(g, x.data(), w.data(), b.data(), y.data(), mask, s, &pool);
+    cpu::conv2d_relu_avgpool2_backward(g, x.data(), w.data(), mask, dy.data(), dw.data(), db.data(),
+                                       dx.data(), s, &pool);
+    EXPECT_LT(max_rel_err(y, want.y), 1e-10) << threads << " threads";
+    EXPECT_LT(max_rel_err(dx, want.dx), 1e-10) << threads << " threads";
+    EXPECT_LT(max_rel_err(dw, want.dw), 1e-10) << threads << " threads";
+    EXPECT_LT(max_rel_err(db, want.db), 1e-10) << threads << " threads";
+  }
+}
+
+// L = <r, pool(relu(conv(x)))>; inputs are scaled so no pre-activation sits
+// within a finite-difference step of the relu kink.
+TEST_P(Fused, BackwardMatchesFiniteDifferences) {
+  const ConvGeom g = GetParam();
+  const Sizes n = sizes(g);
+  auto x = random_vec(n.x, 5), w = random_vec(n.w, 6), b = random_vec(size_t(g.out_c), 7);
+  const auto r = random_vec(n.pooled, 8);
+  cpu::ConvScratch<double> s;
+  std::vector<uint8_t> mask;
+  std::vector<double> y(n.pooled);
+  auto loss = [&] {
+    cpu::conv2d_relu_avgpool2_forward(g, x.data(), w.data(), b.data(), y.data(), mask, s);
+    return test::dot(r, y);
+  };
+  loss();
+  std::vector<double> dx(n.x), dw(n.w, 0.0), db(size_t(g.out_c), 0.0);
+  cpu::conv2d_relu_avgpool2_backward(g, x.data(), w.data(), mask, r.data(), dw.data(), db.data(),
+                                     dx.data(), s);
+  EXPECT_LT(max_rel_err(dx, test::numeric_grad(x, loss)), 1e-5) << "dx";
+  EXPECT_LT(max_rel_err(dw, test::numeric_grad(w, loss)), 1e-5) << "dw";
+  EXPECT_LT(max_rel_err(db, test::numeric_grad(b, loss)), 1e-5) << "db";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Fused,
+                         ::testing::Values(geom(2, 1, 8, 8, 3, 3),       // conv1's form, even 6x6
+                                           geom(2, 3, 9, 9, 4, 5),       // conv2's form, C > 1
+                                           geom(2, 2, 8, 9, 3, 3, 1),    // odd width, padding
+                                           geom(1, 1, 7, 20, 2, 3),      // odd height, wide rows
+                                           geom(3, 2, 5, 40, 2, 3)));    // rows over 2 vectors
+
+TEST(Fused, ManyChunksAndThreadsMatchUnfused) {
+  const ConvGeom g = geom(13, 20, 13, 13, 50, 5);  // LeNet conv2, several chunks per thread
+  const Sizes n = sizes(g);
+  const auto x = random_vec(n.x, 9), w = random_vec(n.w, 10, 0.1),
+             b = random_vec(size_t(g.out_c), 11), dy = random_vec(n.pooled, 12);
+  const Unfused want = unfused(g, x, w, b, dy);
+  ThreadPool pool(2);
+  cpu::ConvScratch<double> s;
+  std::vector<uint8_t> mask;
+  std::vector<double> y(n.pooled), dx(n.x), dw(n.w, 0.0), db(size_t(g.out_c), 0.0);
+  cpu::conv2d_relu_avgpool2_forward(g, x.data(), w.data(), b.data(), y.data(), mask, s, &pool);
+  cpu::conv2d_relu_avgpool2_backward(g, x.data(), w.data(), mask, dy.data(), dw.data(), db.data(),
+                                     dx.data(), s, &pool);
+  EXPECT_LT(max_rel_err(y, want.y), 1e-10);
+  EXPECT_LT(max_rel_err(dx, want.dx), 1e-10);
+  EXPECT_LT(max_rel_err(dw, want.dw), 1e-10);
+  EXPECT_LT(max_rel_err(db, want.db), 1e-10);
+}
+
+TEST(Fused, FloatLayerMatchesDoubleKernel) {
+  const ConvGeom g = geom(11, 1, 28, 28, 20, 3);  // LeNet conv1
+  const Sizes n = sizes(g);
+  const auto xd = random_vec(n.x, 13), wd = random_vec(n.w, 14, 0.3),
+             bd = random_vec(20, 15, 0.1), dyd = random_vec(n.pooled, 16);
+  cpu::ConvScratch<double> s;
+  std::vector<uint8_t> mask;
+  std::vector<double> yd(n.pooled), dwd(n.w, 0.0), dbd(20, 0.0);
+  cpu::conv2d_relu_avgpool2_forward(g, xd.data(), wd.data(), bd.data(), yd.data(), mask, s);
+  cpu::conv2d_relu_avgpool2_backward(g, xd.data(), wd.data(), mask, dyd.data(), dwd.data(),
+                                     dbd.data(), static_cast<double*>(nullptr), s);
+
+  ConvReluPool layer("conv1", {1, 28, 28}, 20, 3);
+  EXPECT_EQ(layer.output_shape({1, 28, 28}), (Shape{20, 13, 13}));
+  ThreadPool pool(2);
+  layer.set_thread_pool(&pool);
+  auto w = test::to_float(wd), b = test::to_float(bd);
+  std::vector<float> dw(w.size(), 0.0f), db(20, 0.0f);
+  layer.bind({w.data(), b.data()}, {dw.data(), db.data()});
+  const auto x = test::to_float(xd), dy = test::to_float(dyd);
+  std::vector<float> y(n.pooled);
+  layer.forward(x.data(), g.batch, y.data());
+  layer.backward(x.data(), y.data(), dy.data(), g.batch, nullptr);
+  EXPECT_LT(test::scaled_err(y, yd), 1e-5);
+  EXPECT_LT(test::scaled_err(dw, dwd), 1e-5);
+  EXPECT_LT(test::scaled_err(db, dbd), 1e-5);
+  EXPECT_THROW(layer.backward(x.data(), y.data(), dy.data(), g.batch - 1, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace ddp::nn
