@@ -12,6 +12,8 @@ packages=(
   zlib1g-dev                         # gzip IDX files
   libgtest-dev                       # tests
   python3 python3-numpy              # checks of written model files
+  iproute2                           # tests/netns: two fake hosts (ip netns, veth)
+  slurm-wlm munge                    # tests/slurm: a local Slurm cluster (slurmctld, slurmd, srun)
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch)          # the PyTorch DDP side of the benchmark

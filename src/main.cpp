@@ -1,6 +1,7 @@
 // ddp_train: one process per rank. Turns every failure into the contract
 // "ddp_train: error: <what> (rank R)" on stderr and a non-zero exit of the
 // whole job (MPI_Abort), never a hang.
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -29,7 +30,7 @@ namespace {
 int main(int argc, char** argv) {
   ddp::World world;
   try {
-    world = ddp::init_world(&argc, &argv);
+    world = ddp::init_mpi(&argc, &argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddp_train: error: %s (rank ?)\n", e.what());
     ddp::abort_world(1);
@@ -41,6 +42,11 @@ int main(int argc, char** argv) {
       ddp::finalize_world(world);
       return 0;
     }
+    // Before anything else talks between nodes (init_node's MPI_Comm_split_type
+    // would block there for good if a peer is unreachable).
+    ddp::check_reachable(world, std::chrono::milliseconds(
+                                    static_cast<int64_t>(parsed.config.preflight_timeout_sec * 1000)));
+    ddp::init_node(world);
     const int rc = ddp::train::run(world, parsed.config, std::cout);
     ddp::finalize_world(world);
     return rc;

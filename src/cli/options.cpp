@@ -37,6 +37,8 @@ void validate(const train::Config& c, int world_size) {
   usage(std::isfinite(c.bucket_cap_mb) && c.bucket_cap_mb > 0, "--bucket-cap-mb must be positive, got ",
         c.bucket_cap_mb);
   usage(std::isfinite(c.timeout_sec) && c.timeout_sec > 0, "--timeout must be positive, got ", c.timeout_sec);
+  usage(std::isfinite(c.preflight_timeout_sec) && c.preflight_timeout_sec > 0,
+        "--preflight-timeout must be positive, got ", c.preflight_timeout_sec);
   usage(c.synthetic >= 0, "--synthetic must be >= 0, got ", c.synthetic);
   usage(c.data_dir.empty() || c.synthetic == 0, "--data-dir and --synthetic are exclusive: name one dataset");
   usage(c.device == "auto" || c.device == "cpu" || c.device == "cuda", "--device must be auto, cpu or cuda, got '",
@@ -102,6 +104,8 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     ("bucket-cap-mb", "gradient bucket size in MiB; the first bucket is at most 1 MiB (default 25)", text())
     ("no-overlap", "all-reduce every bucket after backward instead of during it", cxxopts::value<bool>())
     ("timeout", "seconds any collective may take before the job is ended (default 300)", text())
+    ("preflight-timeout", "seconds the start-up check that every rank can reach the others may take "
+         "(default 60)", text())
     ("metrics-out", "write one JSON object per epoch to FILE", cxxopts::value(c.metrics_out))
     ("output-model", "write the final parameters to FILE.safetensors", cxxopts::value(c.output_model))
     ("quiet", "no per-epoch lines", cxxopts::value(c.quiet))
@@ -130,6 +134,7 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     read_number(result, "seed", c.seed);
     read_number(result, "bucket-cap-mb", c.bucket_cap_mb);
     read_number(result, "timeout", c.timeout_sec);
+    read_number(result, "preflight-timeout", c.preflight_timeout_sec);
     read_number(result, "checkpoint-every", c.checkpoint_every);
     read_number(result, "keep-checkpoints", c.keep_checkpoints);
     c.overlap = result.count("no-overlap") == 0;

@@ -32,6 +32,12 @@ int available_cores() {
 void set_blas_threads(int n) { openblas_set_num_threads(std::max(1, n)); }
 
 World init_world(int* argc, char*** argv) {
+  World w = init_mpi(argc, argv);
+  init_node(w);
+  return w;
+}
+
+World init_mpi(int* argc, char*** argv) {
   World w;
   int initialized = 0;
   DDP_MPI_CHECK(MPI_Initialized(&initialized));
@@ -48,6 +54,10 @@ World init_world(int* argc, char*** argv) {
   w.comm = MPI_COMM_WORLD;
   DDP_MPI_CHECK(MPI_Comm_rank(w.comm, &w.rank));
   DDP_MPI_CHECK(MPI_Comm_size(w.comm, &w.size));
+  return w;
+}
+
+void init_node(World& w) {
   DDP_MPI_CHECK(MPI_Comm_split_type(w.comm, MPI_COMM_TYPE_SHARED, w.rank, MPI_INFO_NULL,
                                     &w.local_comm));
   DDP_MPI_CHECK(MPI_Comm_rank(w.local_comm, &w.local_rank));
@@ -60,7 +70,6 @@ World init_world(int* argc, char*** argv) {
   // by mpirun still sees the node's ranks sharing what it sees.
   w.threads = std::max(1, available_cores() / w.local_size);
   set_blas_threads(w.threads);
-  return w;
 }
 
 void finalize_world(World& w) {

@@ -21,6 +21,7 @@
 #include "ddp/nn/model.hpp"                 // make_model, loss, accuracy
 #include "ddp/optim/sgd.hpp"                // Sgd over the flat buffer
 #include "ddp/runtime/stop_signal.hpp"       // SIGTERM/SIGINT -> stop at a step boundary
+#include "ddp/train/preflight.hpp"          // preflight: reachability, duplicate hostnames
 #include "ddp/train/resume.hpp"             // checkpoint contents, resume point
 
 namespace ddp::train {
@@ -134,6 +135,8 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   const bool leader = world.rank == 0;
   auto comm = comm::make_mpi_communicator(world);
   comm->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_sec * 1000)));
+  preflight(*comm, world, std::chrono::milliseconds(static_cast<int64_t>(cfg.preflight_timeout_sec * 1000)),
+            std::cerr);
 
   const data::Split data = load_data(cfg);
   const data::Dataset& train = data.train;

@@ -145,22 +145,30 @@ void conv_backward_chunks(const ConvGeom& g, const T* x, const T* w, T* dw, T* d
   const int chunk = conv_chunk_images<T>(g), threads = conv_threads(pool);
   const int64_t in_img = int64_t(g.in_c) * g.in_h * g.in_w;
   if (int(s.thread.size()) < threads) s.thread.resize(threads);
-  if (int(s.grad.size()) < threads) s.grad.resize(threads);
   const int64_t max_ld = aligned_stride<T>(int64_t(chunk) * OHW);
   const size_t grad_size = size_t(oc) * ckk + oc;
-  for (int t = 0; t < threads; ++t) {
-    reserve_aligned(s.thread[t], size_t(ckk + oc) * size_t(max_ld));
-    if (t > 0) s.grad[t].assign(grad_size, T(0));
+  for (int t = 0; t < threads; ++t) reserve_aligned(s.thread[t], size_t(ckk + oc) * size_t(max_ld));
+  // Note [deterministic sums]: chunk c belongs to group c % groups; a group's
+  // partial weight gradient is summed in chunk order by whichever thread takes
+  // it, and the groups are added in order at the end. Which thread ran what
+  // then never changes the result, so a run repeats bit for bit (and a resumed
+  // run matches an uninterrupted one).
+  const int64_t chunks = (g.batch + chunk - 1) / chunk;
+  const int groups = int(std::min<int64_t>(threads, chunks));
+  if (groups > 1) {
+    if (int(s.grad.size()) < groups) s.grad.resize(groups);
+    for (int k = 0; k < groups; ++k) s.grad[k].assign(grad_size, T(0));
   }
 
   SerialBlas serial;
-  for_each_chunk(pool, threads, g.batch, chunk, [&](int n0, int nb, int t) {
+  auto run_chunk = [&](int64_t c, int group, int t) {
+    const int n0 = int(c * chunk), nb = std::min(chunk, g.batch - n0);
     T* col = align_up(s.thread[t].data());
     T* dyc = col + int64_t(ckk) * max_ld;
-    // Thread 0 adds straight into the caller's gradients, the others into
+    // One group adds straight into the caller's gradients, several into
     // their own partial sums.
-    T* dw_t = t == 0 ? dw : s.grad[t].data();
-    T* db_t = t == 0 ? db : s.grad[t].data() + size_t(oc) * ckk;
+    T* dw_t = groups == 1 ? dw : s.grad[group].data();
+    T* db_t = groups == 1 ? db : (db ? s.grad[group].data() + size_t(oc) * ckk : nullptr);
     const int n = nb * OHW;
     const int64_t ld = aligned_stride<T>(n);
     source(n0, nb, dyc, ld);
@@ -173,10 +181,17 @@ void conv_backward_chunks(const ConvGeom& g, const T* x, const T* w, T* dw, T* d
       gemm(true, false, ckk, n, oc, T(1), w, ckk, dyc, int(ld), T(0), col, int(ld));
       col2im(g, col, nb, ld, dx + n0 * in_img);
     }
-  });
-
-  for (int t = 1; t < threads; ++t) {
-    const T* part = s.grad[t].data();
+  };
+  auto run_group = [&](int64_t group, int t) {
+    for (int64_t c = group; c < chunks; c += groups) run_chunk(c, int(group), t);
+  };
+  if (groups == 1) {
+    run_group(0, 0);
+    return;
+  }
+  pool->parallel_for(groups, run_group);
+  for (int k = 0; k < groups; ++k) {
+    const T* part = s.grad[k].data();
     for (size_t i = 0; i < size_t(oc) * ckk; ++i) dw[i] += part[i];
     if (db)
       for (int o = 0; o < oc; ++o) db[o] += part[size_t(oc) * ckk + o];

@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <string>
 
 namespace ddp {
@@ -25,6 +26,23 @@ struct World {
 // find the local rank and the thread budget, and apply the budget to OpenBLAS.
 // Throws ddp::Error when MPI cannot give MPI_THREAD_MULTIPLE.
 World init_world(int* argc, char*** argv);
+
+// init_world's two steps, for a caller that must act between them (ddp_train
+// reads its flags, then checks that every rank is reachable): init_mpi talks
+// to no other rank; init_node does (MPI_Comm_split_type is a collective over
+// w.comm, the job's first message between nodes unless check_reachable ran).
+World init_mpi(int* argc, char*** argv);
+void init_node(World& w);
+
+// The job's first message between ranks, bounded: a one-int all-reduce over
+// w.comm that must complete within timeout, else ddp::Error naming the
+// likely causes. It must come before any blocking collective (init_node):
+// a rank blocked inside MPI cannot give up, so an unreachable peer would hang
+// the job there instead of ending it.
+void check_reachable(const World& w, std::chrono::milliseconds timeout);
+
+// What to check when ranks cannot reach each other: one line, for errors.
+const char* unreachable_hints();
 
 // Finalise MPI if init_world initialised it.
 void finalize_world(World& world);

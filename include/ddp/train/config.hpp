@@ -22,6 +22,7 @@ struct Config {
   double bucket_cap_mb = 25.0;
   bool overlap = true;           // false: every all-reduce after backward (--no-overlap)
   double timeout_sec = 300.0;    // bound on every collective
+  double preflight_timeout_sec = 60.0;  // bound on the start-up check that every rank is reachable
   std::string metrics_out;       // JSON lines, one per epoch
   std::string output_model;      // safetensors of the final parameters
   bool quiet = false;            // no per-epoch lines (summary still printed)
