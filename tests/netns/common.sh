@@ -37,6 +37,36 @@ netns_require() {
   fi
 }
 
+# netns_test_begin: the set-up every test here shares. $work becomes a scratch
+# folder; the namespaces come up (exit 77, skipped, where that is not possible
+# here) and go down again, with $work, when the test exits, after waiting for
+# the background job $job if the test set one. fail MSG prints the logs in
+# $work and exits 1.
+netns_test_begin() {
+  work=$(mktemp -d)
+  job=""
+  trap netns_test_end EXIT
+  if ! "$NETNS_DIR/netns_up.sh" 2>"$work/up.err"; then
+    echo "SKIP: cannot create network namespaces here: $(cat "$work/up.err")"
+    exit 77
+  fi
+}
+netns_test_end() {
+  # Kills whatever is left in the namespaces (mpirun, orted, ranks), which
+  # also ends a background job.
+  "$NETNS_DIR/netns_down.sh"
+  if [[ -n "$job" ]]; then wait "$job" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+fail() {
+  echo "FAIL: $*"
+  local f
+  for f in "$work"/*.out "$work"/*.err; do
+    [[ -s "$f" ]] && { echo "--- $(basename "$f")"; tail -n 40 "$f"; }
+  done
+  exit 1
+}
+
 # mpirun_two_hosts RANKS_PER_HOST [mpirun options...] -- PROGRAM ARGS...
 # Runs mpirun inside namespace A (the root namespace cannot reach the veth
 # subnet); Open MPI starts the orted of host B through nsrsh.sh. With

@@ -13,24 +13,7 @@ export NETNS_A=${NETNS_A:-ddphA} NETNS_B=${NETNS_B:-ddphB}
 source "$(dirname "$0")/common.sh"
 netns_require
 
-work=$(mktemp -d)
-cleanup() {
-  "$NETNS_DIR/netns_down.sh"
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$work/run.out" "$work/run.err"; do
-    [[ -s "$f" ]] && { echo "--- $(basename "$f")"; tail -n 40 "$f"; }
-  done
-  exit 1
-}
-
-if ! "$NETNS_DIR/netns_up.sh" 2>"$work/up.err"; then
-  echo "SKIP: cannot create network namespaces here: $(cat "$work/up.err")"
-  exit 77
-fi
+netns_test_begin
 
 host=$(hostname)
 t0=$SECONDS

@@ -18,24 +18,7 @@ export NETNS_A=${NETNS_A:-ddpA} NETNS_B=${NETNS_B:-ddpB}
 source "$(dirname "$0")/common.sh"
 netns_require
 
-work=$(mktemp -d)
-cleanup() {
-  "$NETNS_DIR/netns_down.sh"
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$work"/*.out "$work"/*.err; do
-    [[ -s "$f" ]] && { echo "--- $(basename "$f")"; tail -n 40 "$f"; }
-  done
-  exit 1
-}
-
-if ! "$NETNS_DIR/netns_up.sh" 2>"$work/up.err"; then
-  echo "SKIP: cannot create network namespaces here: $(cat "$work/up.err")"
-  exit 77
-fi
+netns_test_begin
 
 # Trains for real (test accuracy ~0.97 after 3 epochs), in several buckets so
 # that all-reduces overlap backward across the hosts as well.

@@ -27,28 +27,7 @@ export NETNS_A=${NETNS_A:-ddpuA} NETNS_B=${NETNS_B:-ddpuB}
 source "$(dirname "$0")/common.sh"
 netns_require
 
-work=$(mktemp -d)
-job=""
-cleanup() {
-  # Kills whatever is left in the namespaces (mpirun, orted, ranks), which
-  # also ends the background job.
-  "$NETNS_DIR/netns_down.sh"
-  if [[ -n "$job" ]]; then wait "$job" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$work/run.out" "$work/run.err"; do
-    [[ -s "$f" ]] && { echo "--- $(basename "$f")"; tail -n 40 "$f"; }
-  done
-  exit 1
-}
-
-if ! "$NETNS_DIR/netns_up.sh" 2>"$work/up.err"; then
-  echo "SKIP: cannot create network namespaces here: $(cat "$work/up.err")"
-  exit 77
-fi
+netns_test_begin
 "$NETNS_DIR/netns_block.sh"
 
 bound=$((preflight + 30))
