@@ -1,21 +1,20 @@
-// Conv2d layer: binds its slices of the flat buffers and runs the CPU kernel.
+// Conv2d and what it shares with ConvReluPool: binds its slices of the flat
+// buffers and runs the CPU kernel.
 #include "ddp/core/error.hpp"
 #include "ddp/nn/layers.hpp"
 
 namespace ddp::nn {
 
-Conv2d::Conv2d(std::string name, Shape in, int out_c, int k, int stride, int pad)
+ConvBase::ConvBase(std::string name, Shape in, int out_c, int k, int stride, int pad)
     : name_(std::move(name)), in_(in), out_c_(out_c), k_(k), stride_(stride), pad_(pad) {
   try {
     cpu::check_conv_geom(geom(1));
   } catch (const Error& e) {
     DDP_FAIL("layer ", name_, ": ", e.what());
   }
-  const cpu::ConvGeom g = geom(1);
-  out_ = Shape{out_c_, g.out_h(), g.out_w()};
 }
 
-cpu::ConvGeom Conv2d::geom(int batch) const {
+cpu::ConvGeom ConvBase::geom(int batch) const {
   cpu::ConvGeom g;
   g.batch = batch;
   g.in_c = in_.c;
@@ -28,23 +27,29 @@ cpu::ConvGeom Conv2d::geom(int batch) const {
   return g;
 }
 
-Shape Conv2d::output_shape(const Shape& in) const {
+Shape ConvBase::output_shape(const Shape& in) const {
   DDP_CHECK(in == in_, "layer ", name_, ": built for input ", to_string(in_), ", fed ",
             to_string(in));
   return out_;
 }
 
-std::vector<ParamSpec> Conv2d::param_specs() const {
+std::vector<ParamSpec> ConvBase::param_specs() const {
   return {{"weight", {out_c_, in_.c, k_, k_}, Init::Normal001}, {"bias", {out_c_}, Init::Zero}};
 }
 
-void Conv2d::bind(const std::vector<float*>& params, const std::vector<float*>& grads) {
+void ConvBase::bind(const std::vector<float*>& params, const std::vector<float*>& grads) {
   DDP_CHECK(params.size() == 2 && grads.size() == 2, "layer ", name_, ": bind expects 2 tensors, got ",
             params.size(), " and ", grads.size());
   w_ = params[0];
   b_ = params[1];
   dw_ = grads[0];
   db_ = grads[1];
+}
+
+Conv2d::Conv2d(std::string name, Shape in, int out_c, int k, int stride, int pad)
+    : ConvBase(std::move(name), in, out_c, k, stride, pad) {
+  const cpu::ConvGeom g = geom(1);
+  out_ = Shape{out_c_, g.out_h(), g.out_w()};
 }
 
 void Conv2d::forward(const float* x, int batch, float* y) {

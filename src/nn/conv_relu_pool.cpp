@@ -5,48 +5,11 @@
 namespace ddp::nn {
 
 ConvReluPool::ConvReluPool(std::string name, Shape in, int out_c, int k, int stride, int pad)
-    : name_(std::move(name)), in_(in), out_c_(out_c), k_(k), stride_(stride), pad_(pad) {
+    : ConvBase(std::move(name), in, out_c, k, stride, pad) {
   const cpu::ConvGeom g = geom(1);
-  try {
-    cpu::check_conv_geom(g);
-  } catch (const Error& e) {
-    DDP_FAIL("layer ", name_, ": ", e.what());
-  }
   DDP_CHECK(g.out_h() >= 2 && g.out_w() >= 2, "layer ", name_, ": conv output ", g.out_h(), "x",
             g.out_w(), " too small to pool 2x2");
   out_ = Shape{out_c_, g.out_h() / 2, g.out_w() / 2};
-}
-
-cpu::ConvGeom ConvReluPool::geom(int batch) const {
-  cpu::ConvGeom g;
-  g.batch = batch;
-  g.in_c = in_.c;
-  g.in_h = in_.h;
-  g.in_w = in_.w;
-  g.out_c = out_c_;
-  g.k = k_;
-  g.stride = stride_;
-  g.pad = pad_;
-  return g;
-}
-
-Shape ConvReluPool::output_shape(const Shape& in) const {
-  DDP_CHECK(in == in_, "layer ", name_, ": built for input ", to_string(in_), ", fed ",
-            to_string(in));
-  return out_;
-}
-
-std::vector<ParamSpec> ConvReluPool::param_specs() const {
-  return {{"weight", {out_c_, in_.c, k_, k_}, Init::Normal001}, {"bias", {out_c_}, Init::Zero}};
-}
-
-void ConvReluPool::bind(const std::vector<float*>& params, const std::vector<float*>& grads) {
-  DDP_CHECK(params.size() == 2 && grads.size() == 2, "layer ", name_,
-            ": bind expects 2 tensors, got ", params.size(), " and ", grads.size());
-  w_ = params[0];
-  b_ = params[1];
-  dw_ = grads[0];
-  db_ = grads[1];
 }
 
 void ConvReluPool::forward(const float* x, int batch, float* y) {

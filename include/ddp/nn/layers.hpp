@@ -17,19 +17,19 @@ namespace ddp::nn {
 // "CxHxW", for error messages.
 std::string to_string(const Shape& s);
 
-// Square-kernel convolution; params "weight" [out_c, in.c, k, k] and "bias" [out_c].
-class Conv2d : public Layer {
+// What a plain and a fused convolution share: geometry, the parameters
+// "weight" [out_c, in.c, k, k] and "bias" [out_c], binding, the thread pool.
+class ConvBase : public Layer {
  public:
-  Conv2d(std::string name, Shape in, int out_c, int k, int stride = 1, int pad = 0);
   const std::string& name() const override { return name_; }
   Shape output_shape(const Shape& in) const override;
   std::vector<ParamSpec> param_specs() const override;
   void bind(const std::vector<float*>& params, const std::vector<float*>& grads) override;
-  void forward(const float* x, int batch, float* y) override;
-  void backward(const float* x, const float* y, const float* dy, int batch, float* dx) override;
   void set_thread_pool(ThreadPool* pool) override { pool_ = pool; }
 
- private:
+ protected:
+  // Checks the geometry (the error names the layer); out_ is the subclass's.
+  ConvBase(std::string name, Shape in, int out_c, int k, int stride, int pad);
   cpu::ConvGeom geom(int batch) const;
   std::string name_;
   Shape in_, out_;
@@ -39,30 +39,26 @@ class Conv2d : public Layer {
   ThreadPool* pool_ = nullptr;
 };
 
-// Conv2d -> ReLU -> AvgPool2d(2) as one layer (conv_relu_pool_cpu.cpp says
-// why). Same parameters as the Conv2d it replaces, so state dicts match:
-// "weight" [out_c, in.c, k, k] and "bias" [out_c]; output (out_c, oh/2, ow/2).
-class ConvReluPool : public Layer {
+// Square-kernel convolution.
+class Conv2d : public ConvBase {
  public:
-  ConvReluPool(std::string name, Shape in, int out_c, int k, int stride = 1, int pad = 0);
-  const std::string& name() const override { return name_; }
-  Shape output_shape(const Shape& in) const override;
-  std::vector<ParamSpec> param_specs() const override;
-  void bind(const std::vector<float*>& params, const std::vector<float*>& grads) override;
+  Conv2d(std::string name, Shape in, int out_c, int k, int stride = 1, int pad = 0);
   void forward(const float* x, int batch, float* y) override;
   void backward(const float* x, const float* y, const float* dy, int batch, float* dx) override;
-  void set_thread_pool(ThreadPool* pool) override { pool_ = pool; }
+};
+
+// Conv2d -> ReLU -> AvgPool2d(2) as one layer (conv_relu_pool_cpu.cpp says
+// why). Same parameters as the Conv2d it replaces, so state dicts match;
+// output (out_c, oh/2, ow/2).
+class ConvReluPool : public ConvBase {
+ public:
+  ConvReluPool(std::string name, Shape in, int out_c, int k, int stride = 1, int pad = 0);
+  void forward(const float* x, int batch, float* y) override;
+  void backward(const float* x, const float* y, const float* dy, int batch, float* dx) override;
 
  private:
-  cpu::ConvGeom geom(int batch) const;
-  std::string name_;
-  Shape in_, out_;
-  int out_c_, k_, stride_, pad_;
-  float *w_ = nullptr, *b_ = nullptr, *dw_ = nullptr, *db_ = nullptr;
-  cpu::ConvScratch<float> scratch_;
   std::vector<uint8_t> relu_mask_;  // from the last forward, for backward
   int mask_batch_ = -1;             // the batch relu_mask_ was made for
-  ThreadPool* pool_ = nullptr;
 };
 
 // 2x2 average pooling with stride 2 (nn.AvgPool2d(2)).
