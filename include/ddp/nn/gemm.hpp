@@ -13,6 +13,8 @@
 //                         0.80 paired run by run; 0.79 on each run's best step)
 //   batch 128, 1 thread:  kernels 4854, OpenBLAS 3796 samples/s (0.78; 0.82
 //                         paired; 0.80 on best steps, 6008 vs 4810)
+// and the same again (0.80 and 0.79, 30 rounds each) for this code against
+// the last build with the kernels.
 // The gap is OpenBLAS copying (packing) both operands of every call, the
 // im2col columns included; turning the operands around (dW^T, W^T
 // pre-transposed, an im2row layout) measured no better. At that cost the
@@ -39,8 +41,9 @@ inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, 
 // Note [serial OpenBLAS]: the ops split a batch over the model's threads
 // (ThreadPool) and each thread calls gemm on its own share, so OpenBLAS must
 // not thread those calls too: its threads would fight ours for the same cores.
-// (Letting OpenBLAS thread larger GEMMs from one thread instead measured
-// about half the samples/s at 2 threads.) OpenBLAS's thread count is global,
+// (Letting OpenBLAS thread each chunk's GEMMs from one thread instead, the
+// old fallback for CPUs without AVX-512, measured 1830 against 3325 samples/s
+// at batch 256 on 2 threads, portable build.) OpenBLAS's thread count is global,
 // so a SerialBlas sets it to 1 for its lifetime: from the first guard alive
 // (in any thread) to the last, after which the count World set
 // (set_blas_threads) is back. OpenBLAS's FAQ prescribes exactly this for
