@@ -38,12 +38,7 @@ std::vector<ParamSpec> ConvBase::param_specs() const {
 }
 
 void ConvBase::bind(const std::vector<float*>& params, const std::vector<float*>& grads) {
-  DDP_CHECK(params.size() == 2 && grads.size() == 2, "layer ", name_, ": bind expects 2 tensors, got ",
-            params.size(), " and ", grads.size());
-  w_ = params[0];
-  b_ = params[1];
-  dw_ = grads[0];
-  db_ = grads[1];
+  p_.bind(name_, params, grads);
 }
 
 Conv2d::Conv2d(std::string name, Shape in, int out_c, int k, int stride, int pad)
@@ -53,13 +48,13 @@ Conv2d::Conv2d(std::string name, Shape in, int out_c, int k, int stride, int pad
 }
 
 void Conv2d::forward(const float* x, int batch, float* y) {
-  DDP_CHECK(w_, "layer ", name_, ": forward before bind");
-  cpu::conv2d_forward(geom(batch), x, w_, b_, y, scratch_, pool_);
+  DDP_CHECK(p_.w, "layer ", name_, ": forward before bind");
+  cpu::conv2d_forward(geom(batch), x, p_.w, p_.b, y, scratch_, pool_);
 }
 
 void Conv2d::backward(const float* x, const float* /*y*/, const float* dy, int batch, float* dx) {
-  DDP_CHECK(dw_, "layer ", name_, ": backward before bind");
-  cpu::conv2d_backward(geom(batch), x, w_, dy, dw_, db_, dx, scratch_, pool_);
+  DDP_CHECK(p_.dw, "layer ", name_, ": backward before bind");
+  cpu::conv2d_backward(geom(batch), x, p_.w, dy, p_.dw, p_.db, dx, scratch_, pool_);
 }
 
 }  // namespace ddp::nn

@@ -13,17 +13,17 @@ ConvReluPool::ConvReluPool(std::string name, Shape in, int out_c, int k, int str
 }
 
 void ConvReluPool::forward(const float* x, int batch, float* y) {
-  DDP_CHECK(w_, "layer ", name_, ": forward before bind");
-  cpu::conv2d_relu_avgpool2_forward(geom(batch), x, w_, b_, y, relu_mask_, scratch_, pool_);
+  DDP_CHECK(p_.w, "layer ", name_, ": forward before bind");
+  cpu::conv2d_relu_avgpool2_forward(geom(batch), x, p_.w, p_.b, y, relu_mask_, scratch_, pool_);
   mask_batch_ = batch;
 }
 
 void ConvReluPool::backward(const float* x, const float* /*y*/, const float* dy, int batch,
                             float* dx) {
-  DDP_CHECK(dw_, "layer ", name_, ": backward before bind");
+  DDP_CHECK(p_.dw, "layer ", name_, ": backward before bind");
   DDP_CHECK(mask_batch_ == batch, "layer ", name_, ": backward for batch ", batch,
             " after forward of batch ", mask_batch_);
-  cpu::conv2d_relu_avgpool2_backward(geom(batch), x, w_, relu_mask_, dy, dw_, db_, dx, scratch_,
+  cpu::conv2d_relu_avgpool2_backward(geom(batch), x, p_.w, relu_mask_, dy, p_.dw, p_.db, dx, scratch_,
                                      pool_);
 }
 

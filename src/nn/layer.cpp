@@ -1,6 +1,8 @@
-// What the layer contract needs out of line: ParamSpec::numel, Shape printing.
+// What the layer contract needs out of line: ParamSpec::numel, Shape printing,
+// weight-and-bias binding.
 #include <sstream>
 
+#include "ddp/core/error.hpp"
 #include "ddp/nn/layer.hpp"
 #include "ddp/nn/layers.hpp"
 
@@ -16,6 +18,16 @@ std::string to_string(const Shape& s) {
   std::ostringstream os;
   os << s.c << "x" << s.h << "x" << s.w;
   return os.str();
+}
+
+void WeightBias::bind(const std::string& layer, const std::vector<float*>& params,
+                      const std::vector<float*>& grads) {
+  DDP_CHECK(params.size() == 2 && grads.size() == 2, "layer ", layer, ": bind expects 2 tensors, got ",
+            params.size(), " and ", grads.size());
+  w = params[0];
+  b = params[1];
+  dw = grads[0];
+  db = grads[1];
 }
 
 }  // namespace ddp::nn

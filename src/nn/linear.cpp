@@ -20,22 +20,17 @@ std::vector<ParamSpec> Linear::param_specs() const {
 }
 
 void Linear::bind(const std::vector<float*>& params, const std::vector<float*>& grads) {
-  DDP_CHECK(params.size() == 2 && grads.size() == 2, "layer ", name_, ": bind expects 2 tensors, got ",
-            params.size(), " and ", grads.size());
-  w_ = params[0];
-  b_ = params[1];
-  dw_ = grads[0];
-  db_ = grads[1];
+  p_.bind(name_, params, grads);
 }
 
 void Linear::forward(const float* x, int batch, float* y) {
-  DDP_CHECK(w_, "layer ", name_, ": forward before bind");
-  cpu::linear_forward(batch, in_, out_, x, w_, b_, y, pool_);
+  DDP_CHECK(p_.w, "layer ", name_, ": forward before bind");
+  cpu::linear_forward(batch, in_, out_, x, p_.w, p_.b, y, pool_);
 }
 
 void Linear::backward(const float* x, const float* /*y*/, const float* dy, int batch, float* dx) {
-  DDP_CHECK(dw_, "layer ", name_, ": backward before bind");
-  cpu::linear_backward(batch, in_, out_, x, w_, dy, dw_, db_, dx, pool_);
+  DDP_CHECK(p_.dw, "layer ", name_, ": backward before bind");
+  cpu::linear_backward(batch, in_, out_, x, p_.w, dy, p_.dw, p_.db, dx, pool_);
 }
 
 }  // namespace ddp::nn

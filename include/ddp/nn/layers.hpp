@@ -17,6 +17,13 @@ namespace ddp::nn {
 // "CxHxW", for error messages.
 std::string to_string(const Shape& s);
 
+// The pointers of a layer with a weight and a bias (param_specs() in that
+// order), from Layer::bind's arguments; the error names the layer.
+struct WeightBias {
+  float *w = nullptr, *b = nullptr, *dw = nullptr, *db = nullptr;
+  void bind(const std::string& layer, const std::vector<float*>& params, const std::vector<float*>& grads);
+};
+
 // What a plain and a fused convolution share: geometry, the parameters
 // "weight" [out_c, in.c, k, k] and "bias" [out_c], binding, the thread pool.
 class ConvBase : public Layer {
@@ -34,7 +41,7 @@ class ConvBase : public Layer {
   std::string name_;
   Shape in_, out_;
   int out_c_, k_, stride_, pad_;
-  float *w_ = nullptr, *b_ = nullptr, *dw_ = nullptr, *db_ = nullptr;
+  WeightBias p_;
   cpu::ConvScratch<float> scratch_;
   ThreadPool* pool_ = nullptr;
 };
@@ -118,7 +125,7 @@ class Linear : public Layer {
  private:
   std::string name_;
   int in_, out_;
-  float *w_ = nullptr, *b_ = nullptr, *dw_ = nullptr, *db_ = nullptr;
+  WeightBias p_;
   ThreadPool* pool_ = nullptr;
 };
 
