@@ -27,54 +27,65 @@ uint64_t name_key(const std::string& s) {
 
 }  // namespace
 
-Model::Model(std::string name, Shape input, std::vector<std::unique_ptr<Layer>> layers)
-    : name_(std::move(name)), input_(input), layers_(std::move(layers)) {
-  DDP_CHECK(!layers_.empty(), "model ", name_, ": no layers");
-  DDP_CHECK(input_.numel() > 0, "model ", name_, ": empty input shape ", to_string(input_));
-  shapes_.push_back(input_);
-  for (auto& l : layers_) {
-    DDP_CHECK(l, "model ", name_, ": null layer");
+FlatLayout plan_layout(const std::string& model, Shape input, const std::vector<std::unique_ptr<Layer>>& layers) {
+  DDP_CHECK(!layers.empty(), "model ", model, ": no layers");
+  DDP_CHECK(input.numel() > 0, "model ", model, ": empty input shape ", to_string(input));
+  FlatLayout lay;
+  lay.shapes.push_back(input);
+  for (const auto& l : layers) {
+    DDP_CHECK(l, "model ", model, ": null layer");
     try {
-      shapes_.push_back(l->output_shape(shapes_.back()));
+      lay.shapes.push_back(l->output_shape(lay.shapes.back()));
     } catch (const Error& e) {
-      DDP_FAIL("model ", name_, ": ", e.what());
+      DDP_FAIL("model ", model, ": ", e.what());
     }
   }
-
   // Note [flat layout]: last layer first, each layer's tensors in spec order.
-  const size_t n_layers = layers_.size();
-  std::vector<std::vector<size_t>> layer_params(n_layers);  // indices into info_
-  ready_after_.assign(n_layers, 0);
+  const size_t n_layers = layers.size();
+  lay.layer_params.resize(n_layers);
+  lay.ready_after.assign(n_layers, 0);
   size_t offset = 0;
   for (size_t i = n_layers; i-- > 0;) {
-    for (const ParamSpec& spec : layers_[i]->param_specs()) {
+    for (const ParamSpec& spec : layers[i]->param_specs()) {
       const int64_t n = spec.numel();
-      DDP_CHECK(n > 0, "model ", name_, ": parameter ", layers_[i]->name(), ".", spec.name,
-                " is empty");
+      DDP_CHECK(n > 0, "model ", model, ": parameter ", layers[i]->name(), ".", spec.name, " is empty");
       ParamInfo p;
-      p.name = layers_[i]->name() + "." + spec.name;
-      for (const ParamInfo& q : info_)
-        DDP_CHECK(q.name != p.name, "model ", name_, ": duplicate parameter name ", p.name);
+      p.name = layers[i]->name() + "." + spec.name;
+      for (const ParamInfo& q : lay.params)
+        DDP_CHECK(q.name != p.name, "model ", model, ": duplicate parameter name ", p.name);
       p.shape = spec.shape;
       p.offset = offset;
       p.numel = size_t(n);
       offset += p.numel;
-      layer_params[i].push_back(info_.size());
-      info_.push_back(std::move(p));
-      inits_.push_back(spec.init);
+      lay.layer_params[i].push_back(lay.params.size());
+      lay.params.push_back(std::move(p));
+      lay.inits.push_back(spec.init);
     }
-    ready_after_[i] = offset;
+    lay.ready_after[i] = offset;
   }
-  params_.assign(offset, 0.0f);
-  grads_.assign(offset, 0.0f);
-  for (size_t i = 0; i < n_layers; ++i) {
+  lay.numel = offset;
+  return lay;
+}
+
+void bind_layers(const FlatLayout& layout, const std::vector<std::unique_ptr<Layer>>& layers, float* params,
+                 float* grads) {
+  for (size_t i = 0; i < layers.size(); ++i) {
     std::vector<float*> ps, gs;
-    for (size_t k : layer_params[i]) {
-      ps.push_back(params_.data() + info_[k].offset);
-      gs.push_back(grads_.data() + info_[k].offset);
+    for (size_t k : layout.layer_params[i]) {
+      ps.push_back(params + layout.params[k].offset);
+      gs.push_back(grads + layout.params[k].offset);
     }
-    layers_[i]->bind(ps, gs);
+    layers[i]->bind(ps, gs);
   }
+}
+
+Model::Model(std::string name, Shape input, std::vector<std::unique_ptr<Layer>> layers)
+    : name_(std::move(name)), input_(input), layers_(std::move(layers)),
+      layout_(plan_layout(name_, input_, layers_)) {
+  const size_t n_layers = layers_.size();
+  params_.assign(layout_.numel, 0.0f);
+  grads_.assign(layout_.numel, 0.0f);
+  bind_layers(layout_, layers_, params_.data(), grads_.data());
   acts_.resize(n_layers + 1);
   dacts_.resize(n_layers + 1);
   set_threads(default_threads());
@@ -92,13 +103,13 @@ void Model::set_threads(int threads) {
 
 int Model::threads() const { return pool_ ? pool_->size() : 1; }
 
-Shape Model::output_shape() const { return shapes_.back(); }
+Shape Model::output_shape() const { return layout_.shapes.back(); }
 
 void Model::init_params(uint64_t seed) {
-  for (size_t k = 0; k < info_.size(); ++k) {
-    float* p = params_.data() + info_[k].offset;
-    const size_t n = info_[k].numel;
-    switch (inits_[k]) {
+  for (size_t k = 0; k < layout_.params.size(); ++k) {
+    float* p = params_.data() + layout_.params[k].offset;
+    const size_t n = layout_.params[k].numel;
+    switch (layout_.inits[k]) {
       case Init::Zero:
         std::fill(p, p + n, 0.0f);
         break;
@@ -106,7 +117,7 @@ void Model::init_params(uint64_t seed) {
         std::fill(p, p + n, 1.0f);
         break;
       case Init::Normal001: {
-        Rng rng(seed, name_key(info_[k].name));
+        Rng rng(seed, name_key(layout_.params[k].name));
         for (size_t j = 0; j < n; ++j) p[j] = static_cast<float>(0.01 * rng.normal());
         break;
       }
@@ -120,7 +131,7 @@ const float* Model::forward(const float* x, int batch) {
   DDP_CHECK(batch > 0, "model ", name_, ": forward with batch ", batch);
   DDP_CHECK(x, "model ", name_, ": forward with null input");
   for (size_t i = 0; i < acts_.size(); ++i) {
-    const size_t need = size_t(batch) * size_t(shapes_[i].numel());
+    const size_t need = size_t(batch) * size_t(layout_.shapes[i].numel());
     if (acts_[i].size() < need) acts_[i].resize(need);
   }
   std::memcpy(acts_[0].data(), x, sizeof(float) * size_t(batch) * size_t(input_.numel()));
@@ -138,14 +149,14 @@ void Model::backward(const float* dlogits, int batch, const std::function<void(s
   // dacts_[0] is never needed (nothing consumes the input gradient) and the
   // last layer reads the caller's dlogits directly.
   for (size_t i = 1; i < n_layers; ++i) {
-    const size_t need = size_t(batch) * size_t(shapes_[i].numel());
+    const size_t need = size_t(batch) * size_t(layout_.shapes[i].numel());
     if (dacts_[i].size() < need) dacts_[i].resize(need);
   }
   for (size_t i = n_layers; i-- > 0;) {
     const float* dy = i + 1 == n_layers ? dlogits : dacts_[i + 1].data();
     float* dx = i == 0 ? nullptr : dacts_[i].data();
     layers_[i]->backward(acts_[i].data(), acts_[i + 1].data(), dy, batch, dx);
-    if (on_ready) on_ready(ready_after_[i]);
+    if (on_ready) on_ready(layout_.ready_after[i]);
   }
 }
 

@@ -28,6 +28,23 @@ struct ParamInfo {
 
 class ThreadPool;  // thread_pool.hpp
 
+// Where a layer sequence's tensors live in the flat buffers (Note [flat
+// layout]), computed once for the CPU model and its GPU twin alike.
+struct FlatLayout {
+  std::vector<Shape> shapes;                      // shapes[i] = input of layer i; back() = output
+  std::vector<ParamInfo> params;                  // in flat order
+  std::vector<Init> inits;                        // parallel to params
+  std::vector<std::vector<size_t>> layer_params;  // per layer: indices into params, spec order
+  std::vector<size_t> ready_after;                // per layer: prefix final after its backward
+  size_t numel = 0;
+};
+// Checks the wiring (errors name the model and layer) and lays the tensors out.
+FlatLayout plan_layout(const std::string& model, Shape input, const std::vector<std::unique_ptr<Layer>>& layers);
+// Layer::bind for every layer, with its slices of the flat buffers (host or
+// device alike: only pointer arithmetic).
+void bind_layers(const FlatLayout& layout, const std::vector<std::unique_ptr<Layer>>& layers, float* params,
+                 float* grads);
+
 class Model {
  public:
   // Runs on default_threads() threads (OpenBLAS's count, which World sets to
@@ -47,7 +64,7 @@ class Model {
   float* grads() { return grads_.data(); }
   const float* grads() const { return grads_.data(); }
   // In flat-buffer order (Note [flat layout]).
-  const std::vector<ParamInfo>& param_info() const { return info_; }
+  const std::vector<ParamInfo>& param_info() const { return layout_.params; }
 
   // Weights per ParamSpec::init from a deterministic stream of seed.
   void init_params(uint64_t seed);
@@ -73,11 +90,8 @@ class Model {
   Shape input_;
   std::unique_ptr<ThreadPool> pool_;
   std::vector<std::unique_ptr<Layer>> layers_;
-  std::vector<Shape> shapes_;           // shapes_[i] = input of layer i; back() = output
-  std::vector<ParamInfo> info_;
-  std::vector<size_t> ready_after_;      // prefix length final after layer i's backward
+  FlatLayout layout_;
   std::vector<float> params_, grads_;
-  std::vector<Init> inits_;              // parallel to info_
   // acts_[i] = input of layer i (acts_[0] a copy of the caller's batch, so the
   // caller may reuse its buffer before backward); back() = logits. Sized for
   // the largest batch seen: steps after the first allocate nothing.
@@ -85,6 +99,23 @@ class Model {
   std::vector<std::vector<float>> dacts_;  // dacts_[i] = d(loss)/d(acts_[i]), 0 < i < layers
   int last_batch_ = -1;                    // batch of the last forward; -1: none yet
 };
+
+// A model's architecture as data: each device builds its own layers from it
+// (make_layer here, the GPU twins in nn/cuda_model.hpp), so both run the same
+// layers with the same parameters in the same flat layout.
+enum class LayerKind { Conv2d, ConvReluPool, AvgPool2d, ReLU, Flatten, Linear };
+struct LayerSpec {
+  LayerKind kind = LayerKind::ReLU;
+  std::string name;
+  Shape in;         // per-sample input shape
+  int out = 0;      // output channels (convolutions) or features (Linear)
+  int k = 0, stride = 1, pad = 0;  // convolutions: square kernel
+};
+// The layers of a known model, for this input and number of classes.
+// Throws ddp::Error naming an unknown model and the known ones.
+std::vector<LayerSpec> model_spec(const std::string& name, Shape input, int classes);
+// The CPU layer of a spec.
+std::unique_ptr<Layer> make_layer(const LayerSpec& spec);
 
 // "lenet" (d2l's variant, DESIGN.md) or "mlp" (784-256-10 with ReLU).
 // Throws ddp::Error naming the unknown model and the known ones.
