@@ -6,7 +6,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${DDP_BUILD_DIR:-$root/build}
 "$root/scripts/install-deps.sh"
 mkdir -p "$build"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release "$@" >"$build/configure.log" 2>&1 \
+# Where the CUDA toolkit is installed its backend must build (a GPU is not
+# needed for that): a toolkit that is there but unusable is an error here,
+# not a silent CPU-only build.
+cuda=()
+if [[ -x /usr/local/cuda/bin/nvcc || -n ${CUDACXX:-} ]] || command -v nvcc >/dev/null; then
+  cuda=(-DDDP_REQUIRE_CUDA=ON)
+fi
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release "${cuda[@]}" "$@" >"$build/configure.log" 2>&1 \
   || { cat "$build/configure.log"; exit 1; }
 grep -E "^-- ddp:" "$build/configure.log" || true
 cmake --build "$build" -j "$(nproc)"

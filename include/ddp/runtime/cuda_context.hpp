@@ -1,0 +1,95 @@
+// ddp::cuda::Context: what every GPU op of one rank shares: its device, the
+// streams, the cuBLAS and cuDNN handles and one workspace. One per rank,
+// made after the device is bound (runtime/device.hpp) and before any other
+// CUDA call of the run.
+//
+// Note [streams]: compute runs on `compute`; the loader's host-to-device
+// copies on `copy`; collectives on `comm`. Ordering between them is by CUDA
+// events (cudaStreamWaitEvent), never by host synchronisation: the host only
+// waits where it must read a result (the epoch's metrics) or reuse a pinned
+// buffer.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <cstddef>
+#include <string>
+
+namespace ddp::cuda {
+
+// Visible CUDA devices; 0 when there is none or no driver (any error counts
+// as none: cudaGetDeviceCount does not write the count on error). Never
+// throws. why (if given) gets the reason when the count is 0.
+int device_count(std::string* why = nullptr);
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;        // "NVIDIA H200"
+  std::string pci_bus_id;  // "0000:19:00.0": what tells two GPUs apart across ranks
+  size_t memory = 0;       // bytes
+  int cc_major = 0, cc_minor = 0;
+};
+
+// cudaSetDevice(index), then its properties. The first CUDA call of a rank.
+DeviceInfo set_device(int index);
+
+class Context {
+ public:
+  explicit Context(int device);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int device() const { return device_; }
+  cudaStream_t compute() const { return compute_; }
+  cudaStream_t copy() const { return copy_; }
+  cudaStream_t comm() const { return comm_; }
+  cublasHandle_t blas() const { return blas_; }
+  cudnnHandle_t dnn() const { return dnn_; }
+
+  // One scratch buffer for cuDNN, grown to the largest request and reused
+  // (ops on the compute stream run one after another, so they may share it).
+  void* workspace(size_t bytes);
+
+  // Stream-ordered memory on the compute stream (cudaMallocAsync): freed
+  // memory returns to the pool, so steady-state steps allocate nothing.
+  void* alloc(size_t bytes);
+  void free(void* p);
+
+  // Blocks until the compute stream has finished what was issued so far.
+  void sync();
+
+ private:
+  int device_;
+  cudaStream_t compute_ = nullptr, copy_ = nullptr, comm_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  cudnnHandle_t dnn_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+};
+
+// A device buffer of floats from a Context's pool, released on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Context& ctx, size_t count);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  float* data() const { return data_; }
+  size_t size() const { return size_; }
+  // Grows (contents not kept) to hold at least count floats.
+  void reserve(Context& ctx, size_t count);
+
+ private:
+  Context* ctx_ = nullptr;
+  float* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace ddp::cuda

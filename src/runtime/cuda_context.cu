@@ -1,0 +1,133 @@
+// Devices, streams, handles and stream-ordered memory (runtime/cuda_context.hpp).
+#include "ddp/runtime/cuda_context.hpp"
+
+#include <utility>
+
+#include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK, DDP_CUBLAS_CHECK, DDP_CUDNN_CHECK
+
+namespace ddp::cuda {
+
+const char* cublas_status_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    default: return "unknown cuBLAS status";
+  }
+}
+
+int device_count(std::string* why) {
+  int n = 0;  // not written on error
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why) *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+    cudaGetLastError();  // clear it: later calls must not report it as theirs
+    return 0;
+  }
+  if (n <= 0 && why) *why = "cudaGetDeviceCount: 0 devices";
+  return n > 0 ? n : 0;
+}
+
+DeviceInfo set_device(int index) {
+  DDP_CUDA_CHECK(cudaSetDevice(index));
+  cudaDeviceProp prop{};
+  DDP_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  char bus[32] = {0};
+  DDP_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof(bus), index));
+  DeviceInfo d;
+  d.index = index;
+  d.name = prop.name;
+  d.pci_bus_id = bus;
+  d.memory = prop.totalGlobalMem;
+  d.cc_major = prop.major;
+  d.cc_minor = prop.minor;
+  return d;
+}
+
+Context::Context(int device) : device_(device) {
+  DDP_CUDA_CHECK(cudaSetDevice(device));
+  DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
+  DDP_CUBLAS_CHECK(cublasCreate(&blas_));
+  DDP_CUBLAS_CHECK(cublasSetStream(blas_, compute_));
+  // Plain fp32 GEMMs: TF32 would break the 1e-4 agreement with the CPU path.
+  DDP_CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH));
+  DDP_CUDNN_CHECK(cudnnCreate(&dnn_));
+  DDP_CUDNN_CHECK(cudnnSetStream(dnn_, compute_));
+  // Keep freed pool memory instead of returning it at each synchronisation.
+  cudaMemPool_t pool = nullptr;
+  DDP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t keep = UINT64_MAX;
+  DDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+}
+
+Context::~Context() {
+  // Destructors do not throw: errors here come after the run's result.
+  if (compute_) cudaStreamSynchronize(compute_);
+  if (workspace_) cudaFree(workspace_);
+  if (dnn_) cudnnDestroy(dnn_);
+  if (blas_) cublasDestroy(blas_);
+  for (cudaStream_t s : {compute_, copy_, comm_})
+    if (s) cudaStreamDestroy(s);
+}
+
+void* Context::workspace(size_t bytes) {
+  if (bytes <= workspace_bytes_) return workspace_;
+  // Work already queued may still use the old buffer.
+  DDP_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  if (workspace_) DDP_CUDA_CHECK(cudaFree(workspace_));
+  workspace_ = nullptr;
+  DDP_CUDA_CHECK(cudaMalloc(&workspace_, bytes));
+  workspace_bytes_ = bytes;
+  return workspace_;
+}
+
+void* Context::alloc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes == 0) return p;
+  DDP_CUDA_CHECK(cudaMallocAsync(&p, bytes, compute_));
+  return p;
+}
+
+void Context::free(void* p) {
+  if (p) DDP_CUDA_CHECK(cudaFreeAsync(p, compute_));
+}
+
+void Context::sync() { DDP_CUDA_CHECK(cudaStreamSynchronize(compute_)); }
+
+DeviceBuffer::DeviceBuffer(Context& ctx, size_t count) { reserve(ctx, count); }
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ctx_ && data_) cudaFreeAsync(data_, ctx_->compute());
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : ctx_(std::exchange(o.ctx_, nullptr)), data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ctx_ && data_) cudaFreeAsync(data_, ctx_->compute());
+    ctx_ = std::exchange(o.ctx_, nullptr);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+void DeviceBuffer::reserve(Context& ctx, size_t count) {
+  if (count <= size_ && ctx_ == &ctx) return;
+  if (ctx_ && data_) ctx_->free(data_);
+  ctx_ = &ctx;
+  data_ = static_cast<float*>(ctx.alloc(count * sizeof(float)));
+  size_ = count;
+}
+
+}  // namespace ddp::cuda
