@@ -1,0 +1,104 @@
+// Softmax cross-entropy and accuracy on the GPU (cuda_model.hpp), the twins
+// of loss_cpu.cpp and count_correct in loss.cpp: one thread a row with the
+// CPU's arithmetic (max-shifted, exp and log in double), then one block-wide
+// sum so each block adds its loss and correct count to the device totals
+// with one atomicAdd each. The totals stay on the device: an epoch's metrics
+// need one read at its end, not one per step.
+#include <math_constants.h>  // CUDART_NAN, CUDART_NAN_F
+
+#include <algorithm>
+
+#include "ddp/core/error.hpp"          // DDP_CHECK
+#include "ddp/nn/cuda_model.hpp"
+#include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK_LAUNCH
+
+namespace ddp::nn {
+
+namespace {
+
+constexpr int kThreads = 256;  // a power of two: the block sum halves it
+
+// Block sum of v into s (kThreads entries); the result is in s[0] for thread 0.
+__device__ void block_sum(double* s, double v) {
+  s[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) s[threadIdx.x] += s[threadIdx.x + half];
+    __syncthreads();
+  }
+}
+
+// With kLoss: writes d(mean loss)/d(logits) (if dlogits) and adds the summed
+// loss to *loss_sum; always adds the rows whose arg-max is the label to
+// *correct. A label outside [0, classes) cannot throw from here as it does
+// on the CPU: it makes its row's loss and gradient NaN, so the epoch's loss
+// shows it.
+template <bool kLoss>
+__global__ void __launch_bounds__(kThreads)
+    rows_kernel(const float* __restrict__ logits, const int32_t* __restrict__ labels, int batch, int classes,
+                float* __restrict__ dlogits, double* __restrict__ loss_sum, double* __restrict__ correct) {
+  __shared__ double s[kThreads];
+  double loss = 0.0, right = 0.0;
+  const double inv_batch = 1.0 / batch;
+  for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < batch; r += gridDim.x * blockDim.x) {
+    const float* z = logits + int64_t(r) * classes;
+    const int32_t label = labels[r];
+    // The first maximum wins ties, as torch.argmax and the CPU's count_correct;
+    // it is also std::max_element's pick, the CPU loss's shift.
+    int best = 0;
+    for (int c = 1; c < classes; ++c)
+      if (z[c] > z[best]) best = c;
+    right += best == label ? 1.0 : 0.0;
+    if (!kLoss) continue;
+    float* d = dlogits ? dlogits + int64_t(r) * classes : nullptr;
+    if (label < 0 || label >= classes) {
+      loss += CUDART_NAN;
+      if (d)
+        for (int c = 0; c < classes; ++c) d[c] = CUDART_NAN_F;
+      continue;
+    }
+    const double m = double(z[best]);
+    double sum = 0.0;
+    for (int c = 0; c < classes; ++c) sum += exp(double(z[c]) - m);
+    const double log_sum = log(sum);
+    loss += log_sum - (double(z[label]) - m);
+    if (d)
+      for (int c = 0; c < classes; ++c) {
+        const double p = exp(double(z[c]) - m - log_sum);
+        d[c] = float((p - (c == label ? 1.0 : 0.0)) * inv_batch);
+      }
+  }
+  if (kLoss) {
+    block_sum(s, loss);
+    if (threadIdx.x == 0) atomicAdd(loss_sum, s[0]);
+    __syncthreads();  // s is reused below
+  }
+  block_sum(s, right);
+  if (threadIdx.x == 0) atomicAdd(correct, s[0]);
+}
+
+unsigned grid_for(int batch) { return unsigned(std::min((batch + kThreads - 1) / kThreads, 1024)); }
+
+}  // namespace
+
+void softmax_cross_entropy_cuda(const float* logits, const int32_t* labels, int batch, int classes, float* dlogits,
+                                double* sums, cudaStream_t stream) {
+  DDP_CHECK(classes > 0, "softmax_cross_entropy_cuda: classes must be positive, got ", classes);
+  DDP_CHECK(batch > 0, "softmax_cross_entropy_cuda: empty batch");
+  DDP_CHECK(logits && labels && sums, "softmax_cross_entropy_cuda: null logits, labels or sums");
+  rows_kernel<true><<<grid_for(batch), kThreads, 0, stream>>>(logits, labels, batch, classes, dlogits, sums,
+                                                              sums + 1);
+  DDP_CUDA_CHECK_LAUNCH(rows_kernel<true>);
+}
+
+void count_correct_cuda(const float* logits, const int32_t* labels, int batch, int classes, double* correct,
+                        cudaStream_t stream) {
+  DDP_CHECK(classes > 0, "count_correct_cuda: classes must be positive, got ", classes);
+  if (batch <= 0) return;
+  DDP_CHECK(logits && labels && correct, "count_correct_cuda: null logits, labels or correct");
+  rows_kernel<false><<<grid_for(batch), kThreads, 0, stream>>>(logits, labels, batch, classes, nullptr, nullptr,
+                                                               correct);
+  DDP_CUDA_CHECK_LAUNCH(rows_kernel<false>);
+}
+
+}  // namespace ddp::nn

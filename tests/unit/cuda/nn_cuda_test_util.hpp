@@ -1,0 +1,120 @@
+// What the GPU nn and optim tests share: the skip without a device, device
+// arrays whose copies are ordered on the context's compute stream, random
+// inputs, and the "agrees with the CPU" comparison.
+//
+// Copies go through cudaMemcpyAsync on ctx.compute() and ctx.sync(), never
+// plain cudaMemcpy: the compute stream is non-blocking, so the legacy
+// default stream a plain cudaMemcpy uses is not ordered against it.
+#pragma once
+
+#include <cuda_runtime_api.h>  // cudaMemcpyAsync, cudaFreeAsync
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/core/rng.hpp"              // Rng: the same inputs on every machine
+#include "ddp/runtime/cuda_check.hpp"    // DDP_CUDA_CHECK
+#include "ddp/runtime/cuda_context.hpp"  // cuda::Context, cuda::device_count
+
+namespace ddp::nn_cuda_test {
+
+// Base of every GPU fixture: skipped without a device, else a Context on
+// device 0 for the test.
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device (" << why << ")";
+    ctx_ = std::make_unique<cuda::Context>(0);
+  }
+  cuda::Context& ctx() { return *ctx_; }
+
+ private:
+  std::unique_ptr<cuda::Context> ctx_;
+};
+
+// n elements of T on the device, from the context's pool.
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray(cuda::Context& ctx, size_t n) : ctx_(&ctx), n_(n), p_(static_cast<T*>(ctx.alloc(n * sizeof(T)))) {}
+  DeviceArray(cuda::Context& ctx, const std::vector<T>& h) : DeviceArray(ctx, h.size()) { upload(h); }
+  ~DeviceArray() {
+    if (p_) cudaFreeAsync(p_, ctx_->compute());
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+  void upload(const std::vector<T>& h) {
+    EXPECT_EQ(h.size(), n_);
+    const size_t n = std::min(h.size(), n_);
+    if (n) DDP_CUDA_CHECK(cudaMemcpyAsync(p_, h.data(), n * sizeof(T), cudaMemcpyHostToDevice, ctx_->compute()));
+    ctx_->sync();
+  }
+  std::vector<T> download() const { return to_host(*ctx_, p_, n_); }
+
+  static std::vector<T> to_host(cuda::Context& ctx, const T* d, size_t n) {
+    std::vector<T> h(n);
+    if (n) DDP_CUDA_CHECK(cudaMemcpyAsync(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, ctx.compute()));
+    ctx.sync();
+    return h;
+  }
+
+ private:
+  cuda::Context* ctx_;
+  size_t n_;
+  T* p_;
+};
+
+inline std::vector<float> to_host(cuda::Context& ctx, const float* d, size_t n) {
+  return DeviceArray<float>::to_host(ctx, d, n);
+}
+
+inline std::vector<float> normal(size_t n, uint64_t seed, double scale = 1.0) {
+  Rng rng(seed, 11);
+  std::vector<float> v(n);
+  for (float& x : v) x = float(scale * rng.normal());
+  return v;
+}
+
+// Multiples of step in [-range, range] * step, plus offset: products and sums
+// of such values are exact in float, so a convolution over them gives the same
+// value on both devices whatever the order of summation.
+inline std::vector<float> on_grid(size_t n, uint64_t seed, float step, int range, float offset = 0.0f) {
+  Rng rng(seed, 13);
+  std::vector<float> v(n);
+  for (float& x : v) x = step * float(int(rng.below(uint64_t(2 * range + 1))) - range) + offset;
+  return v;
+}
+
+// max |got - want| <= tol * max(1, max |want|): agreement to tol relative to
+// the tensor's scale, absolute for tensors of small values.
+inline ::testing::AssertionResult agrees(const std::vector<float>& got, const std::vector<float>& want,
+                                         double tol = 1e-4) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "sizes differ: gpu " << got.size() << ", cpu " << want.size();
+  double scale = 1.0, worst = 0.0;
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    scale = std::max(scale, double(std::fabs(want[i])));
+    const double d = std::fabs(double(got[i]) - double(want[i]));
+    if (std::isnan(d))
+      return ::testing::AssertionFailure() << "NaN at " << i << " (gpu " << got[i] << ", cpu " << want[i] << ")";
+    if (d > worst) {
+      worst = d;
+      at = i;
+    }
+  }
+  if (worst <= tol * scale) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max |gpu - cpu| = " << worst << " at " << at << " (gpu " << got[at]
+                                       << ", cpu " << want[at] << ") > " << tol << " * " << scale;
+}
+
+}  // namespace ddp::nn_cuda_test

@@ -1,0 +1,126 @@
+// CudaModel against Model: the same parameters uploaded, then two full
+// training steps (forward, loss, backward, SGD with momentum and weight decay,
+// so the second step runs the momentum update) on both devices: logits, loss,
+// accuracy, gradients and parameters agree, and on_ready reports the same
+// growing prefixes (Note [flat layout]).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/core/error.hpp"     // ddp::Error
+#include "ddp/core/rng.hpp"       // inputs and labels
+#include "ddp/nn/cuda_model.hpp"  // CudaModel, softmax_cross_entropy_cuda
+#include "ddp/nn/model.hpp"       // Model, make_model, model_spec, softmax_cross_entropy
+#include "ddp/optim/sgd.hpp"      // Sgd: the CPU reference step
+#include "ddp/optim/sgd_cuda.hpp"  // sgd_step_cuda
+#include "nn_cuda_test_util.hpp"
+
+namespace ddp::nn {
+namespace {
+
+using nn_cuda_test::agrees;
+using nn_cuda_test::DeviceArray;
+using nn_cuda_test::to_host;
+
+class CudaModels : public nn_cuda_test::GpuTest {
+ protected:
+  void two_steps(const std::string& name, int batch);
+};
+
+void CudaModels::two_steps(const std::string& name, int batch) {
+  SCOPED_TRACE(name + " batch " + std::to_string(batch));
+  const Shape input{1, 28, 28};
+  const int classes = 10;
+  std::unique_ptr<Model> cpu = make_model(name, input, classes);
+  cpu->init_params(42);
+  CudaModel gpu(name, input, model_spec(name, input, classes), ctx());
+
+  const size_t n = cpu->num_params();
+  ASSERT_EQ(gpu.num_params(), n);
+  ASSERT_TRUE(gpu.output_shape() == cpu->output_shape());
+  ASSERT_EQ(gpu.param_info().size(), cpu->param_info().size());
+  for (size_t i = 0; i < cpu->param_info().size(); ++i) {
+    EXPECT_EQ(gpu.param_info()[i].name, cpu->param_info()[i].name);
+    EXPECT_EQ(gpu.param_info()[i].shape, cpu->param_info()[i].shape);
+    EXPECT_EQ(gpu.param_info()[i].offset, cpu->param_info()[i].offset);
+    EXPECT_EQ(gpu.param_info()[i].numel, cpu->param_info()[i].numel);
+  }
+  gpu.upload_params(cpu->params());
+  std::vector<float> round_trip(n);
+  gpu.download_params(round_trip.data());
+  ASSERT_EQ(round_trip, std::vector<float>(cpu->params(), cpu->params() + n));
+
+  const optim::SgdOptions opt{0.1, 0.9, 0.0, 1e-4, false};
+  optim::Sgd sgd(n, opt);
+  DeviceArray<float> momentum(ctx(), n);
+  const size_t nx = size_t(batch) * size_t(input.numel()), nl = size_t(batch) * classes;
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    // Images in [0, 1) as the loader gives them, labels uniform.
+    Rng rng(7, uint64_t(step));
+    std::vector<float> x(nx);
+    for (float& v : x) v = rng.uniform();
+    std::vector<int32_t> labels(static_cast<size_t>(batch));
+    for (int32_t& l : labels) l = int32_t(rng.below(classes));
+
+    cpu->zero_grads();
+    const float* logits = cpu->forward(x.data(), batch);
+    const std::vector<float> cpu_logits(logits, logits + nl);
+    std::vector<float> dlogits(nl);
+    const float loss = softmax_cross_entropy(logits, labels.data(), batch, classes, dlogits.data());
+    const int64_t correct = count_correct(logits, labels.data(), batch, classes);
+    std::vector<size_t> cpu_ready;
+    cpu->backward(dlogits.data(), batch, [&](size_t k) { cpu_ready.push_back(k); });
+    const std::vector<float> cpu_grads(cpu->grads(), cpu->grads() + n);
+    sgd.step(cpu->params(), cpu->grads());
+
+    DeviceArray<float> gx(ctx(), x), gdlogits(ctx(), nl);
+    DeviceArray<int32_t> glabels(ctx(), labels);
+    DeviceArray<double> sums(ctx(), std::vector<double>{0.0, 0.0});
+    gpu.zero_grads();
+    const float* glogits = gpu.forward(gx.get(), batch);
+    softmax_cross_entropy_cuda(glogits, glabels.get(), batch, classes, gdlogits.get(), sums.get(), ctx().compute());
+    std::vector<size_t> ready;
+    gpu.backward(gdlogits.get(), batch, [&](size_t k) { ready.push_back(k); });
+    const std::vector<float> grads = to_host(ctx(), gpu.grads(), n);
+    optim::sgd_step_cuda(opt, step == 0, n, gpu.params(), gpu.grads(), momentum.get(), ctx().compute());
+
+    EXPECT_TRUE(agrees(to_host(ctx(), glogits, nl), cpu_logits)) << "logits";
+    EXPECT_TRUE(agrees(gdlogits.download(), dlogits)) << "dlogits";
+    const std::vector<double> s = sums.download();
+    EXPECT_NEAR(s[0] / batch, loss, 1e-4 * std::max(1.0f, std::fabs(loss))) << "loss";
+    EXPECT_EQ(s[1], double(correct)) << "correct";
+    EXPECT_TRUE(agrees(grads, cpu_grads)) << "grads";
+    std::vector<float> params(n);
+    gpu.download_params(params.data());
+    EXPECT_TRUE(agrees(params, std::vector<float>(cpu->params(), cpu->params() + n))) << "params";
+
+    EXPECT_EQ(ready, cpu_ready);
+    ASSERT_FALSE(ready.empty());
+    for (size_t i = 1; i < ready.size(); ++i) EXPECT_LE(ready[i - 1], ready[i]) << "on_ready went back at " << i;
+    EXPECT_EQ(ready.back(), n);
+  }
+}
+
+TEST_F(CudaModels, LenetTwoSgdStepsMatchCpu) { two_steps("lenet", 64); }
+
+TEST_F(CudaModels, MlpTwoSgdStepsMatchCpu) { two_steps("mlp", 64); }
+
+// A batch that is not the first one's (the last, partial batch of an epoch).
+TEST_F(CudaModels, LenetOddBatch) { two_steps("lenet", 7); }
+
+TEST_F(CudaModels, BackwardAtAnotherBatchIsAnError) {
+  const Shape input{1, 28, 28};
+  CudaModel gpu("mlp", input, model_spec("mlp", input, 10), ctx());
+  DeviceArray<float> x(ctx(), 8 * 784), dlogits(ctx(), 8 * 10);
+  gpu.forward(x.get(), 8);
+  EXPECT_THROW(gpu.backward(dlogits.get(), 4), Error);
+}
+
+}  // namespace
+}  // namespace ddp::nn
