@@ -1,0 +1,45 @@
+// Backends whose all-reduce works on GPU memory: nccl (NCCL on the
+// communication stream) and mpi on GPUs (staged through pinned host memory).
+//
+// Note [device all-reduce order]: allreduce_async(data) on device memory
+// orders the collective after all work issued so far on ctx.compute() (an
+// event recorded there), and Work::wait() orders ctx.compute() after the
+// collective (cudaStreamWaitEvent): the optimizer, issued after the waits,
+// reads averaged gradients, and the host never blocks on the GPU for it.
+// The blocking collectives (broadcast, barrier, allgather,
+// allreduce_doubles) work on HOST memory, through MPI.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "ddp/comm/communicator.hpp"
+#include "ddp/runtime/cuda_context.hpp"
+
+namespace ddp::comm {
+
+class DeviceCommunicator : public Communicator {
+ public:
+  // Blocks the host until everything issued so far on `stream` is done,
+  // bounded by the timeout. While waiting it watches the collectives for
+  // errors; on an error or the timeout it aborts them (ncclCommAbort) and
+  // throws ddp::Error naming `what`, the backend and the timeout.
+  virtual void synchronize(cudaStream_t stream, const std::string& what) = 0;
+};
+
+// NCCL: rank 0 calls ncclGetUniqueId and MPI_Bcasts its 128 bytes, then an
+// MPI_Barrier, then every rank joins with a non-blocking ncclCommInitRankConfig
+// polled against init_timeout (ncclCommAbort and ddp::Error on timeout,
+// naming NCCL_SOCKET_IFNAME, firewalls, NCCL_P2P_DISABLE). Averages with
+// ncclAvg on ctx.comm(). Collective over world.comm.
+std::unique_ptr<DeviceCommunicator> make_nccl_communicator(const World& world, cuda::Context& ctx,
+                                                           std::chrono::milliseconds init_timeout);
+
+// MPI on GPU memory: each bucket is copied to pinned host memory, all-reduced
+// by the MPI backend (its communication thread), and copied back, on a
+// staging thread of its own; several ranks may share one GPU. Collective over
+// world.comm.
+std::unique_ptr<DeviceCommunicator> make_staged_mpi_communicator(const World& world, cuda::Context& ctx);
+
+}  // namespace ddp::comm

@@ -1,0 +1,312 @@
+// The nccl backend of DeviceCommunicator (device_communicator.hpp): gradient
+// all-reduces on GPU memory with NCCL on the context's communication stream;
+// the blocking host collectives through an MPI communicator it owns.
+//
+// Note [non-blocking nccl]: the communicator is made with config.blocking = 0
+// so that no NCCL call can hang the host: a call may return ncclInProgress,
+// and the operation is then only known to be set up (for a collective: on
+// its stream) once ncclCommGetAsyncError stops saying ncclInProgress. We poll
+// that against a deadline, and on an error or the deadline ncclCommAbort the
+// communicator and throw: a dead or stuck peer ends the job with a message
+// instead of a hang. After an abort every later use reports the first error.
+//
+// Every NCCL call is made on the thread that made the communicator (the
+// trainer's): NCCL allows a communicator to be used from one thread at a time,
+// and the shared state below has no lock for that reason.
+#include <nccl.h>  // ncclAllReduce, ncclCommInitRankConfig, ncclCommGetAsyncError
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp/comm/device_communicator.hpp"  // DeviceCommunicator, make_mpi_communicator
+#include "ddp/core/error.hpp"                // ddp::Error, DDP_CHECK
+#include "cuda_comm_util.hpp"                // bounded, quietly, EventPool
+#include "ddp/runtime/cuda_check.hpp"        // DDP_CUDA_CHECK, DDP_NCCL_CHECK
+
+namespace ddp::comm {
+namespace {
+
+using cuda_util::bounded;
+using cuda_util::EventPool;
+using cuda_util::quietly;
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Between two looks at a stream or at NCCL's state: short enough to add
+// little latency to a step, long enough to leave the core to other threads.
+constexpr auto kPollSleep = std::chrono::microseconds(100);
+// How long the destructor lets ncclCommFinalize flush before aborting: it
+// runs during error handling too, when peers may be gone.
+constexpr milliseconds kFinalizeLimit = std::chrono::seconds(30);
+
+const char* const kNcclHints =
+    "likely causes: NCCL chose a network interface the other ranks cannot reach (set "
+    "NCCL_SOCKET_IFNAME to the interface the nodes share), a firewall between the nodes, or a "
+    "broken peer-to-peer or InfiniBand path (try NCCL_P2P_DISABLE=1 or NCCL_IB_DISABLE=1); rerun "
+    "with NCCL_DEBUG=INFO to see what NCCL tried";
+
+// NCCL's words for a failed state, with its last detailed message if any.
+std::string nccl_error_text(ncclResult_t st, ncclComm_t comm) {
+  std::string s = detail::concat(ncclGetErrorString(st), " (NCCL ", static_cast<int>(st), ")");
+  const char* last = ncclGetLastError(comm);
+  if (last && *last) s += detail::concat(": ", last);
+  return s;
+}
+
+// ncclCommGetAsyncError: ncclSuccess, ncclInProgress, or the error.
+ncclResult_t async_state(ncclComm_t comm) {
+  ncclResult_t st = ncclSuccess;
+  DDP_NCCL_CHECK(ncclCommGetAsyncError(comm, &st));
+  return st;
+}
+
+// What the communicator and its Works share: the NCCL handle while it is
+// usable, and why it is not once it was aborted or destroyed.
+struct NcclState {
+  ncclComm_t comm = nullptr;
+  std::string broken;
+
+  // Aborts the communicator (Note [non-blocking nccl]) and throws `why`.
+  [[noreturn]] void fail(std::string why) {
+    if (comm) {
+      ncclComm_t c = comm;
+      comm = nullptr;
+      try {
+        DDP_NCCL_CHECK(ncclCommAbort(c));
+      } catch (const std::exception& e) {
+        why += detail::concat("; then ncclCommAbort failed too: ", e.what());
+      }
+    }
+    if (broken.empty()) broken = why;
+    throw Error(why);
+  }
+
+  void check_usable(const std::string& desc) const {
+    if (!comm)
+      DDP_FAIL(desc, ": the nccl communicator is unusable: ",
+               broken.empty() ? std::string("it was destroyed") : broken);
+  }
+
+  // ncclSuccess or ncclInProgress; throws (after aborting) when NCCL
+  // reported an asynchronous error.
+  ncclResult_t check_async(const std::string& desc) {
+    check_usable(desc);
+    ncclResult_t st = ncclSuccess;
+    try {
+      st = async_state(comm);
+    } catch (const std::exception& e) {
+      fail(detail::concat(desc, " failed (nccl): ", e.what()));
+    }
+    if (st != ncclSuccess && st != ncclInProgress)
+      fail(detail::concat(desc, " failed (nccl): ", nccl_error_text(st, comm), "; ", kNcclHints));
+    return st;
+  }
+
+  // Polls until NCCL has set up what the last call started (Note
+  // [non-blocking nccl]), at most `timeout`.
+  void wait_in_progress(const std::string& desc, milliseconds timeout) {
+    const auto deadline = Clock::now() + bounded(timeout);
+    for (;;) {
+      if (check_async(desc) == ncclSuccess) return;
+      if (Clock::now() >= deadline)
+        fail(detail::concat(desc, " (nccl) was not set up within ", format_duration(timeout),
+                            ": another rank may have failed or be stuck"));
+      std::this_thread::sleep_for(kPollSleep);
+    }
+  }
+};
+
+// Nothing to reduce: done at once.
+class DoneWork final : public Work {
+ public:
+  void wait() override {}
+  bool done() override { return true; }
+};
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclState> state, std::shared_ptr<EventPool> pool, cudaStream_t compute,
+           std::string desc)
+      : state_(std::move(state)), pool_(std::move(pool)), compute_(compute), desc_(std::move(desc)) {
+    ready_ = pool_->get();
+    done_ = pool_->get();
+  }
+  ~NcclWork() override {
+    pool_->put(ready_);
+    pool_->put(done_);
+  }
+
+  cudaEvent_t ready() const { return ready_; }
+  cudaEvent_t done_event() const { return done_; }
+
+  // Note [device all-reduce order]: the compute stream waits for the
+  // collective; the host does not.
+  void wait() override {
+    state_->check_async(desc_);
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+  }
+
+  bool done() override {
+    state_->check_usable(desc_);
+    const cudaError_t e = cudaEventQuery(done_);
+    if (e == cudaErrorNotReady) return false;
+    DDP_CUDA_CHECK(e);
+    return true;
+  }
+
+ private:
+  std::shared_ptr<NcclState> state_;
+  std::shared_ptr<EventPool> pool_;
+  cudaStream_t compute_;
+  std::string desc_;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+};
+
+class NcclCommunicator final : public cuda_util::HostCollectives {
+ public:
+  NcclCommunicator(const World& world, cuda::Context& ctx, milliseconds init_timeout)
+      : HostCollectives(make_mpi_communicator(world)),
+        ctx_(ctx),
+        rank_(world.rank),
+        size_(world.size),
+        state_(std::make_shared<NcclState>()),
+        pool_(std::make_shared<EventPool>()) {
+    DDP_CUDA_CHECK(cudaSetDevice(ctx_.device()));
+    const std::string who = detail::concat("nccl: rank ", rank_, world.host.empty() ? "" : " on host ",
+                                           world.host, " (GPU ", ctx_.device(), ")");
+    ncclUniqueId id{};
+    if (rank_ == 0) DDP_NCCL_CHECK(ncclGetUniqueId(&id));
+    host_mpi_->set_timeout(init_timeout);
+    host_mpi_->broadcast(&id, sizeof id, 0, "nccl: sending rank 0's unique id to every rank");
+    host_mpi_->barrier("nccl: every rank has the unique id");
+
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // Note [non-blocking nccl]
+    ncclComm_t comm = nullptr;
+    std::string failure;
+    try {
+      DDP_NCCL_CHECK(ncclCommInitRankConfig(&comm, size_, id, rank_, &config));
+      const auto deadline = Clock::now() + bounded(init_timeout);
+      for (;;) {
+        const ncclResult_t st = async_state(comm);
+        if (st == ncclSuccess) break;
+        if (st != ncclInProgress) {
+          failure = nccl_error_text(st, comm);
+          break;
+        }
+        if (Clock::now() >= deadline) {
+          failure = detail::concat("not done within ", format_duration(init_timeout),
+                                   ": another rank may have failed, or cannot be reached");
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    if (!failure.empty()) {
+      if (comm) {
+        try {
+          DDP_NCCL_CHECK(ncclCommAbort(comm));
+        } catch (const std::exception& e) {
+          failure += detail::concat("; then ncclCommAbort failed too: ", e.what());
+        }
+      }
+      DDP_FAIL(who, " could not join the NCCL communicator of ", size_, " ranks (timeout ",
+               format_duration(init_timeout), "): ", failure, "; ", kNcclHints);
+    }
+    state_->comm = comm;
+  }
+
+  ~NcclCommunicator() override {
+    ncclComm_t c = state_->comm;
+    state_->comm = nullptr;
+    if (state_->broken.empty()) state_->broken = "the nccl communicator was destroyed";
+    if (!c) return;  // aborted already
+    bool clean = false;
+    quietly([&] {
+      DDP_CUDA_CHECK(cudaSetDevice(ctx_.device()));
+      // Finalize flushes what is in flight; with a non-blocking communicator
+      // it returns at once and we poll for the end, bounded.
+      DDP_NCCL_CHECK(ncclCommFinalize(c));
+      const auto deadline = Clock::now() + std::min(bounded(timeout()), kFinalizeLimit);
+      for (;;) {
+        const ncclResult_t st = async_state(c);
+        if (st == ncclSuccess) break;
+        if (st != ncclInProgress || Clock::now() >= deadline) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      DDP_NCCL_CHECK(ncclCommDestroy(c));
+      clean = true;
+    });
+    // Not finalized in time, or failed: free it without the peers.
+    if (!clean) quietly([&] { DDP_NCCL_CHECK(ncclCommAbort(c)); });
+  }
+
+  const char* backend() const override { return "nccl"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  std::shared_ptr<Work> allreduce_async(float* data, size_t count, ReduceOp op,
+                                        std::string what) override {
+    const std::string desc = detail::concat(what, " (", format_bytes(count * sizeof(float)), ")");
+    DDP_CHECK(data != nullptr || count == 0, desc, ": null buffer");
+    state_->check_usable(desc);
+    if (count == 0) return std::make_shared<DoneWork>();
+    auto w = std::make_shared<NcclWork>(state_, pool_, ctx_.compute(), desc);
+    // Note [device all-reduce order]: after what compute has been given so far.
+    DDP_CUDA_CHECK(cudaEventRecord(w->ready(), ctx_.compute()));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(ctx_.comm(), w->ready(), 0));
+    try {
+      DDP_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat32,
+                                   op == ReduceOp::Avg ? ncclAvg : ncclSum, state_->comm,
+                                   ctx_.comm()));
+    } catch (const std::exception& e) {
+      state_->fail(detail::concat(desc, " failed (nccl): ", e.what()));
+    }
+    // The done event must follow the collective on the stream, so NCCL must
+    // have put it there first (Note [non-blocking nccl]).
+    state_->wait_in_progress(desc, timeout());
+    DDP_CUDA_CHECK(cudaEventRecord(w->done_event(), ctx_.comm()));
+    return w;
+  }
+
+  void synchronize(cudaStream_t stream, const std::string& what) override {
+    state_->check_usable(what);
+    const milliseconds limit = timeout();
+    const auto deadline = Clock::now() + bounded(limit);
+    for (;;) {
+      const cudaError_t e = cudaStreamQuery(stream);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) DDP_CUDA_CHECK(e);
+      // A collective waiting on a dead peer never ends: NCCL's own error
+      // state, or our deadline, is what tells us.
+      state_->check_async(what);
+      if (Clock::now() >= deadline)
+        state_->fail(detail::concat(what, " (nccl) did not complete within ", format_duration(limit),
+                                    ": another rank may have failed or be stuck"));
+      std::this_thread::sleep_for(kPollSleep);
+    }
+  }
+
+ private:
+  cuda::Context& ctx_;
+  int rank_ = 0, size_ = 1;
+  std::shared_ptr<NcclState> state_;
+  std::shared_ptr<EventPool> pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceCommunicator> make_nccl_communicator(const World& world, cuda::Context& ctx,
+                                                           std::chrono::milliseconds init_timeout) {
+  return std::make_unique<NcclCommunicator>(world, ctx, init_timeout);
+}
+
+}  // namespace ddp::comm
