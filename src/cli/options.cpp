@@ -50,8 +50,14 @@ void validate(const train::Config& c, int world_size) {
   usage(c.checkpoint_every == 0 || !c.checkpoint_dir.empty(), "--checkpoint-every needs --checkpoint-dir");
   usage(c.resume != "auto" || !c.checkpoint_dir.empty(),
         "--resume auto looks in --checkpoint-dir, which is not given");
-  usage(c.device != "cuda", "--device cuda: this build of ddp_train has no CUDA backend; use --device cpu");
-  usage(c.backend != "nccl", "--backend nccl needs GPUs (--device cuda), which this build does not have; use --backend mpi");
+  usage(c.backend != "nccl" || c.device != "cpu", "--backend nccl runs on GPUs and --device cpu was asked for; use "
+        "--backend mpi (or auto) with --device cpu");
+#if !DDP_HAVE_CUDA
+  usage(c.device != "cuda", "--device cuda: this build of ddp_train has no CUDA backend (built without the CUDA "
+        "toolkit); use --device cpu");
+  usage(c.backend != "nccl", "--backend nccl needs GPUs (--device cuda), which this build does not have (built "
+        "without the CUDA toolkit); use --backend mpi");
+#endif
 }
 
 // Numbers are read as text and converted here, so that a bad value is

@@ -17,11 +17,13 @@
 #include "ddp/data/dataset.hpp"             // load_idx_dir, make_synthetic
 #include "ddp/data/loader.hpp"              // Loader: prefetching batches
 #include "ddp/data/sampler.hpp"             // DistributedSampler, eval_shard
-#include "ddp/ddp/reducer.hpp"              // Reducer, broadcast_parameters
-#include "ddp/nn/model.hpp"                 // make_model, loss, accuracy
+#include "ddp/ddp/reducer.hpp"              // broadcast_parameters
+#include "ddp/nn/model.hpp"                 // make_model
 #include "ddp/optim/sgd.hpp"                // Sgd over the flat buffer
 #include "ddp/runtime/stop_signal.hpp"       // SIGTERM/SIGINT -> stop at a step boundary
 #include "ddp/train/preflight.hpp"          // preflight: reachability, duplicate hostnames
+#include "ddp/train/placement.hpp"          // --device/--backend -> this rank's device
+#include "ddp/train/replica.hpp"            // Replica: the model on its device, the step
 #include "ddp/train/resume.hpp"             // checkpoint contents, resume point
 
 namespace ddp::train {
@@ -45,6 +47,7 @@ double median(std::vector<double> v) {
 // What each rank tells rank 0 at start-up (fixed size for allgather).
 struct RankInfo {
   char host[64];
+  char device[16];
   int32_t local_rank, local_size, threads;
   int64_t shard, steps;
 };
@@ -52,11 +55,14 @@ struct RankInfo {
 // One table of every rank, so a misconfigured job is visible in its first
 // lines; and the agreement check: every rank must take the same number of
 // steps per epoch, or the collectives of the last steps would never match.
-void startup_check(comm::Communicator& comm, const World& world, const Config& cfg,
-                   const nn::Model& model, const Reducer& reducer, int64_t shard, int64_t steps,
+void startup_check(Replica& replica, const World& world, const Config& cfg, int64_t shard, int64_t steps,
                    std::ostream& out) {
+  comm::Communicator& comm = replica.comm();
+  const nn::Model& model = replica.model();
+  const Reducer& reducer = replica.reducer();
   RankInfo mine{};
   std::snprintf(mine.host, sizeof(mine.host), "%s", world.host.c_str());
+  std::snprintf(mine.device, sizeof(mine.device), "%s", replica.device().c_str());
   mine.local_rank = world.local_rank;
   mine.local_size = world.local_size;
   mine.threads = world.threads;
@@ -72,16 +78,16 @@ void startup_check(comm::Communicator& comm, const World& world, const Config& c
   if (world.rank != 0) return;
   char line[256];
   std::snprintf(line, sizeof(line),
-                "ddp_train: %d rank%s, backend %s, device cpu, model %s (%zu parameters, %zu bucket%s), "
+                "ddp_train: %d rank%s, backend %s, device %s, model %s (%zu parameters, %zu bucket%s), "
                 "global batch %d (%d per rank), %lld steps per epoch\n",
-                world.size, world.size == 1 ? "" : "s", comm.backend(), cfg.model.c_str(),
+                world.size, world.size == 1 ? "" : "s", comm.backend(), ranks[0].device, cfg.model.c_str(),
                 model.num_params(), reducer.buckets().size(), reducer.buckets().size() == 1 ? "" : "s",
                 cfg.batch_size, cfg.batch_size / world.size, static_cast<long long>(steps));
   out << line;
   out << " rank  host                 local  device  threads  shard  steps\n";
   for (int r = 0; r < world.size; ++r) {
-    std::snprintf(line, sizeof(line), " %4d  %-20s %2d/%-3d cpu     %7d  %5lld  %5lld\n", r, ranks[r].host,
-                  ranks[r].local_rank, ranks[r].local_size, ranks[r].threads,
+    std::snprintf(line, sizeof(line), " %4d  %-20s %2d/%-3d %-7s %7d  %5lld  %5lld\n", r, ranks[r].host,
+                  ranks[r].local_rank, ranks[r].local_size, ranks[r].device, ranks[r].threads,
                   static_cast<long long>(ranks[r].shard), static_cast<long long>(ranks[r].steps));
     out << line;
   }
@@ -94,19 +100,17 @@ data::Split load_data(const Config& cfg) {
 }
 
 // Exact distributed accuracy: each rank counts its eval_shard, counts are summed.
-double evaluate(comm::Communicator& comm, const World& world, nn::Model& model,
-                const data::Dataset& test, int batch) {
-  const int classes = static_cast<int>(model.output_shape().numel());
+double evaluate(Replica& replica, const World& world, const data::Dataset& test, int batch) {
   data::Loader loader(test, data::eval_shard(test.n, world.size, world.rank), batch,
                       /*drop_last=*/false);
   data::Batch b;
   double counts[2] = {0, 0};
   while (loader.next(b)) {
-    const float* logits = model.forward(b.x.data(), b.size);
-    counts[0] += static_cast<double>(nn::count_correct(logits, b.y.data(), b.size, classes));
+    replica.eval_batch(b);
     counts[1] += b.size;
   }
-  comm.allreduce_doubles(counts, 2, /*max=*/false, "evaluation counts");
+  counts[0] = replica.take_correct();
+  replica.comm().allreduce_doubles(counts, 2, /*max=*/false, "evaluation counts");
   return counts[1] > 0 ? counts[0] / counts[1] : 0.0;
 }
 
@@ -133,30 +137,48 @@ struct EpochSums {
 
 int run(const World& world, const Config& cfg, std::ostream& out) {
   const bool leader = world.rank == 0;
-  auto comm = comm::make_mpi_communicator(world);
-  comm->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_sec * 1000)));
-  preflight(*comm, world, std::chrono::milliseconds(static_cast<int64_t>(cfg.preflight_timeout_sec * 1000)),
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_sec * 1000));
+  auto host_comm = comm::make_mpi_communicator(world);
+  host_comm->set_timeout(timeout);
+  preflight(*host_comm, world, std::chrono::milliseconds(static_cast<int64_t>(cfg.preflight_timeout_sec * 1000)),
             std::cerr);
 
   const data::Split data = load_data(cfg);
   const data::Dataset& train = data.train;
   const int per_rank = cfg.batch_size / world.size;
 
-  auto model = nn::make_model(cfg.model, {train.c, train.h, train.w}, train.classes);
-  model->init_params(cfg.seed);
-  optim::Sgd sgd(model->num_params(), {cfg.lr, cfg.momentum, 0.0, cfg.weight_decay, cfg.nesterov});
-
   data::DistributedSampler sampler(train.n, world.size, world.rank, cfg.seed);
   const int64_t steps = sampler.num_samples() / per_rank;
   DDP_CHECK(steps > 0, "dataset too small: ", train.n, " training images (", train.source,
             ") do not fill one global batch of ", cfg.batch_size, " (--batch-size)");
 
+  auto host_model = nn::make_model(cfg.model, {train.c, train.h, train.w}, train.classes);
+  host_model->init_params(cfg.seed);
+  const optim::SgdOptions sgd_options{cfg.lr, cfg.momentum, 0.0, cfg.weight_decay, cfg.nesterov};
+  auto host_sgd = std::make_unique<optim::Sgd>(host_model->num_params(), sgd_options);
+
+  const Placement place = place_rank(*host_comm, world, cfg);
+  if (leader && !place.note.empty()) std::cerr << "ddp_train: note: " << place.note << "\n";
+  std::unique_ptr<Replica> replica;
+  if (place.device == "cuda") {
+#if DDP_HAVE_CUDA
+    replica = make_cuda_replica(world, cfg, place.gpu, *host_comm, std::move(host_model), std::move(host_sgd));
+#endif
+  } else {
+    replica = make_cpu_replica(cfg, std::move(host_comm), std::move(host_model), std::move(host_sgd));
+  }
+  DDP_CHECK(replica, "--device ", place.device, ": not in this build");
+  comm::Communicator& comm = replica->comm();
+  comm.set_timeout(timeout);
+  nn::Model& model = replica->model();
+  optim::Sgd& sgd = replica->sgd();
+
   // Where to start: a checkpoint's position, or the beginning.
   checkpoint::RunState state;
-  state.config = resume_config(cfg, *model, train);
+  state.config = resume_config(cfg, model, train);
   const bool checkpointing = !cfg.checkpoint_dir.empty();
-  if (const auto resumed = find_resume_point(*comm, cfg, state.config, out, std::cerr)) {
-    restore(resumed->path, resumed->checkpoint, *model, sgd);
+  if (const auto resumed = find_resume_point(comm, cfg, state.config, out, std::cerr)) {
+    restore(resumed->path, resumed->checkpoint, model, sgd);
     const auto& saved = resumed->checkpoint.state;
     DDP_CHECK(saved.step_in_epoch < steps, resumed->path, ": checkpoint is at step ", saved.step_in_epoch,
               " of an epoch that has only ", steps, " steps here");
@@ -164,15 +186,12 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     state = saved;
     state.config = config;
   } else {
-    broadcast_parameters(*comm, model->params(), model->num_params());
+    broadcast_parameters(comm, model.params(), model.num_params());
   }
+  replica->push();
   if (checkpointing) install_stop_handlers();
 
-  std::vector<size_t> numels;
-  for (const auto& p : model->param_info()) numels.push_back(p.numel);
-  Reducer reducer(*comm, model->grads(), numels, cfg.bucket_cap_mb, cfg.overlap);
-
-  startup_check(*comm, world, cfg, *model, reducer, sampler.num_samples(), steps, out);
+  startup_check(*replica, world, cfg, sampler.num_samples(), steps, out);
 
   std::ofstream metrics;
   if (leader && !cfg.metrics_out.empty()) {
@@ -185,23 +204,21 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   // is collective, so the cadence must be a function of the step alone.
   auto save = [&](const checkpoint::RunState& s) {
     if (!leader) return std::string();
-    return checkpoint::save_checkpoint(cfg.checkpoint_dir, s, checkpoint_tensors(*model, sgd),
+    replica->pull();
+    return checkpoint::save_checkpoint(cfg.checkpoint_dir, s, checkpoint_tensors(model, sgd),
                                        cfg.keep_checkpoints);
   };
   // Every rank must see the same answer at the same step (ranks get signals
   // at different moments), so the flag is all-reduced at each boundary.
   auto stop_requested = [&]() {
     double sig = stop_signal();
-    comm->allreduce_doubles(&sig, 1, /*max=*/true, "stop-signal agreement");
+    comm.allreduce_doubles(&sig, 1, /*max=*/true, "stop-signal agreement");
     return static_cast<int>(sig);
   };
 
-  const int classes = static_cast<int>(model->output_shape().numel());
-  std::vector<float> dlogits(static_cast<size_t>(per_rank) * classes);
   std::vector<double> epoch_secs, rates;
   double last_loss = 0, last_acc = 0, last_train_acc = 0;
   data::Batch batch;
-  auto on_ready = [&reducer](size_t n) { reducer.grads_ready(n); };
   const int64_t first_epoch = state.epoch;
 
   for (int64_t epoch = first_epoch; epoch < cfg.epochs; ++epoch) {
@@ -220,16 +237,14 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     if (first_step > 0) resumed_sec = state.epoch_train_sec;
     const auto t0 = Clock::now();
     int64_t step = first_step;
+    auto add_steps = [&sums, &replica]() {
+      const StepSums s = replica->take_sums();
+      sums.loss += s.loss;
+      sums.correct += s.correct;
+      sums.comm_wait += s.comm_wait;
+    };
     while (loader.next(batch)) {
-      model->zero_grads();
-      const float* logits = model->forward(batch.x.data(), batch.size);
-      const float loss = nn::softmax_cross_entropy(logits, batch.y.data(), batch.size, classes, dlogits.data());
-      sums.correct += static_cast<double>(nn::count_correct(logits, batch.y.data(), batch.size, classes));
-      reducer.begin_backward();
-      model->backward(dlogits.data(), batch.size, on_ready);
-      sums.comm_wait += reducer.finish().wait_sec;
-      sgd.step(model->params(), model->grads());
-      sums.loss += static_cast<double>(loss) * batch.size;
+      replica->train_step(batch);
       sums.samples += batch.size;
       ++step;
       ++state.global_step;
@@ -239,8 +254,9 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       const bool due = cfg.checkpoint_every > 0 && state.global_step % cfg.checkpoint_every == 0;
       if (!sig && !due) continue;
       // Mid-epoch checkpoint: the epoch's sums so far, over all ranks.
+      add_steps();
       double part[3] = {sums.loss, sums.correct, sums.samples};
-      comm->allreduce_doubles(part, 3, /*max=*/false, "checkpoint epoch sums");
+      comm.allreduce_doubles(part, 3, /*max=*/false, "checkpoint epoch sums");
       checkpoint::RunState s = state;
       s.epoch = epoch;
       s.step_in_epoch = step;
@@ -255,18 +271,19 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
           out << "ddp_train: stopped by signal " << sig << " at epoch " << epoch + 1 << ", step " << step
               << "; checkpoint " << path << "; rerun with --resume auto to continue\n"
               << std::flush;
-        comm->barrier("stop after checkpoint");
+        comm.barrier("stop after checkpoint");
         return kExitStoppedBySignal;
       }
     }
+    add_steps();  // waits for the device: the epoch's time includes all its work
     double train_sec = seconds_since(t0);
-    comm->allreduce_doubles(&train_sec, 1, /*max=*/true, "epoch time");
+    comm.allreduce_doubles(&train_sec, 1, /*max=*/true, "epoch time");
     double totals[4] = {sums.loss, sums.correct, sums.samples, sums.comm_wait};
-    comm->allreduce_doubles(totals, 4, /*max=*/false, "training metrics");
+    comm.allreduce_doubles(totals, 4, /*max=*/false, "training metrics");
     train_sec += resumed_sec;
 
     const auto t1 = Clock::now();
-    const double test_acc = evaluate(*comm, world, *model, data.test, per_rank);
+    const double test_acc = evaluate(*replica, world, data.test, per_rank);
     const double eval_sec = seconds_since(t1);
 
     last_loss = totals[0] / totals[2];
@@ -306,15 +323,18 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
           out << "ddp_train: stopped by signal " << sig << " after epoch " << epoch + 1
               << "; rerun with --resume auto to continue\n"
               << std::flush;
-        comm->barrier("stop after checkpoint");
+        comm.barrier("stop after checkpoint");
         return kExitStoppedBySignal;
       }
     }
   }
   // A run resumed after its last epoch still reports where it stands.
-  if (epoch_secs.empty()) last_acc = evaluate(*comm, world, *model, data.test, per_rank);
+  if (epoch_secs.empty()) last_acc = evaluate(*replica, world, data.test, per_rank);
 
-  if (leader && !cfg.output_model.empty()) write_model(cfg.output_model, *model, cfg, world.size, cfg.epochs);
+  if (leader && !cfg.output_model.empty()) {
+    replica->pull();
+    write_model(cfg.output_model, model, cfg, world.size, cfg.epochs);
+  }
   if (leader) {
     out << json{{"event", "summary"},
                 {"world_size", world.size},
@@ -323,8 +343,8 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
                 {"global_batch", cfg.batch_size},
                 {"steps_per_epoch", steps},
                 {"global_step", state.global_step},
-                {"backend", comm->backend()},
-                {"device", "cpu"},
+                {"backend", comm.backend()},
+                {"device", place.device},
                 {"overlap", cfg.overlap},
                 {"test_acc", last_acc},
                 {"train_acc", last_train_acc},
@@ -337,7 +357,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   // Nobody leaves before rank 0 has written its files: a rank that exits
   // early would not hurt, but a job that reports success before the model is
   // on disk would.
-  comm->barrier("end of training");
+  comm.barrier("end of training");
   return 0;
 }
 

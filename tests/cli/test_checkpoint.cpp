@@ -8,7 +8,7 @@
 #include <string>
 
 #include "ddp/checkpoint/checkpoint.hpp"
-#include "run_process.hpp"
+#include "run_outputs.hpp"
 
 namespace ddp::test {
 namespace {
@@ -29,19 +29,6 @@ void expect_bitwise_equal(const checkpoint::SafetensorsFile& a, const checkpoint
     ASSERT_NE(u, nullptr) << t.name;
     EXPECT_EQ(t.data, u->data) << t.name << " differs";
   }
-}
-
-double max_rel_diff(const checkpoint::SafetensorsFile& a, const checkpoint::SafetensorsFile& b) {
-  double diff = 0, scale = 0;
-  for (const auto& t : a.tensors) {
-    const auto* u = b.find(t.name);
-    if (!u || u->data.size() != t.data.size()) return 1.0;
-    for (size_t i = 0; i < t.data.size(); ++i) {
-      diff = std::max(diff, std::abs(double(t.data[i]) - u->data[i]));
-      scale = std::max(scale, std::abs(double(t.data[i])));
-    }
-  }
-  return diff / scale;
 }
 
 int64_t newest_step(const std::string& dir) {

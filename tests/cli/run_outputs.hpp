@@ -1,0 +1,23 @@
+// What tests read from a finished run: the summary line and the model file.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ddp/checkpoint/safetensors.hpp"
+#include "run_process.hpp"
+
+namespace ddp::test {
+
+// The run's {"event":"summary"} line, parsed (null when there is none).
+nlohmann::json summary_of(const RunResult& r);
+
+// Max |a - b| over all tensors, relative to max |a|; a missing tensor or a
+// shape mismatch is a test failure.
+double max_rel_diff(const checkpoint::SafetensorsFile& a, const checkpoint::SafetensorsFile& b);
+
+// Max relative difference of the models two runs write (runs must succeed;
+// 1.0 when one fails).
+double models_differ(int np_a, const std::string& args_a, int np_b, const std::string& args_b);
+
+}  // namespace ddp::test

@@ -1,0 +1,147 @@
+// --device and --backend as a user meets them. The first group runs on every
+// machine (the CPU choice, and the errors of asking for a GPU that is not
+// there); the GpuTraining suite needs a CUDA device and is reported Skipped
+// ("no CUDA device") without one.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <string>
+
+#include "run_outputs.hpp"
+#if DDP_HAVE_CUDA
+#include "ddp/runtime/cuda_context.hpp"  // cuda::device_count
+#endif
+
+namespace ddp::test {
+namespace {
+
+int visible_gpus() {
+#if DDP_HAVE_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+std::string hostname() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+const std::string kSmall = "--synthetic 640 --epochs 1 --batch-size 64 --quiet";
+
+TEST(Devices, AutoRunsWhereTheGpusAre) {
+  auto r = run_ddp_train(2, kSmall);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto s = summary_of(r);
+  ASSERT_FALSE(s.is_null()) << r.out;
+  const bool gpus = visible_gpus() > 0;
+  EXPECT_EQ(s["device"], gpus ? "cuda" : "cpu") << r.out;
+  // NCCL when each of the two ranks has a GPU of its own; two ranks on one
+  // GPU share it through the staged mpi backend.
+  EXPECT_EQ(s["backend"], visible_gpus() >= 2 ? "nccl" : "mpi") << r.out;
+  EXPECT_NE(r.out.find(gpus ? "device cuda" : "device cpu"), std::string::npos) << r.out;
+}
+
+TEST(Devices, MissingGpuIsNamedWithHostAndCount) {
+  if (visible_gpus() > 0) GTEST_SKIP() << "this machine has a CUDA device; the error is for machines without";
+  auto r = run_ddp_train(4, kSmall + " --device cuda");
+  EXPECT_NE(r.status, 0);
+  EXPECT_EQ(r.out.find("\"event\":\"summary\""), std::string::npos);
+#if DDP_HAVE_CUDA
+  EXPECT_NE(r.err.find("no CUDA device on host " + hostname()), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("GPUs seen: 0"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--device cpu"), std::string::npos) << r.err;
+#else
+  EXPECT_NE(r.err.find("no CUDA backend"), std::string::npos) << r.err;
+#endif
+  EXPECT_NE(r.err.find("(rank "), std::string::npos) << r.err;
+}
+
+TEST(Devices, NcclWithoutGpusIsRefused) {
+  if (visible_gpus() > 0) GTEST_SKIP() << "this machine has a CUDA device; the error is for machines without";
+  auto r = run_ddp_train(2, kSmall + " --backend nccl");
+  EXPECT_NE(r.status, 0);
+#if DDP_HAVE_CUDA
+  EXPECT_NE(r.err.find("--backend nccl needs a GPU on every rank"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(hostname()), std::string::npos) << r.err;
+#else
+  EXPECT_NE(r.err.find("--backend nccl needs GPUs"), std::string::npos) << r.err;
+#endif
+}
+
+TEST(Devices, NcclOnTheCpuIsAUsageError) {
+  auto r = run_ddp_train(2, kSmall + " --backend nccl --device cpu");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--backend nccl runs on GPUs"), std::string::npos) << r.err;
+  // Said once, by rank 0.
+  EXPECT_EQ(r.err.find("(rank 1)"), std::string::npos) << r.err;
+}
+
+// --- on a GPU ---------------------------------------------------------------
+
+class GpuTraining : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    gpus_ = visible_gpus();
+    if (gpus_ == 0) GTEST_SKIP() << "no CUDA device";
+  }
+  int gpus_ = 0;
+};
+
+// d2l's recipe on the real subset, as the CPU tests run it (D2lRecipe).
+const std::string kRecipe = std::string("--model lenet --data-dir ") + DDP_DATA_DIR +
+                            " --epochs 80 --batch-size 256 --lr 0.2 --quiet";
+
+double test_acc(int np, const std::string& args) {
+  auto r = run_ddp_train(np, args);
+  EXPECT_EQ(r.status, 0) << r.err;
+  const auto s = summary_of(r);
+  EXPECT_FALSE(s.is_null()) << r.out;
+  return s.is_null() ? -1 : s["test_acc"].get<double>();
+}
+
+TEST_F(GpuTraining, NcclOneRankLearnsLikeTheCpu) {
+  const double gpu = test_acc(1, kRecipe + " --device cuda --backend nccl");
+  const double cpu = test_acc(1, kRecipe + " --device cpu");
+  EXPECT_GE(gpu, 0.70);
+  EXPECT_NEAR(gpu, cpu, 0.03) << "GPU " << gpu << " vs CPU " << cpu;
+}
+
+TEST_F(GpuTraining, MpiFourRanksSharingGpusLearnLikeTheCpu) {
+  const double gpu = test_acc(4, kRecipe + " --device cuda --backend mpi");
+  const double cpu = test_acc(4, kRecipe + " --device cpu");
+  EXPECT_GE(gpu, 0.70);
+  EXPECT_NEAR(gpu, cpu, 0.03) << "GPU " << gpu << " vs CPU " << cpu;
+}
+
+// Ten steps from the same start: the GPU's parameters follow the CPU's.
+TEST_F(GpuTraining, ParametersFollowTheCpu) {
+  const std::string args = "--synthetic 640 --epochs 1 --batch-size 64 --lr 0.1 --momentum 0.9 --seed 5 --quiet";
+  EXPECT_LE(models_differ(1, args + " --device cuda", 1, args + " --device cpu"), 1e-3);
+}
+
+TEST_F(GpuTraining, StartupTableNamesTheGpu) {
+  auto r = run_ddp_train(1, kSmall + " --device cuda");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("device cuda"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cuda:0"), std::string::npos) << r.out;
+  EXPECT_EQ(summary_of(r)["backend"], "nccl");
+}
+
+// One rank more than GPUs with NCCL: refused before NCCL's own error, with
+// the numbers and the way out.
+TEST_F(GpuTraining, MoreRanksThanGpusIsNamed) {
+  auto r = run_ddp_train(gpus_ + 1, "--synthetic 640 --epochs 1 --batch-size " + std::to_string(64 * (gpus_ + 1)) +
+                                        " --quiet --device cuda --backend nccl");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find(std::to_string(gpus_) + " GPU"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--backend mpi"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("Duplicate GPU detected"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace ddp::test
