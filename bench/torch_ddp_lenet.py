@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""PyTorch DDP (gloo) on the same recipe as ddp_train: d2l's LeNet variant,
+"""PyTorch DDP on the same recipe as ddp_train: d2l's LeNet variant,
 N(0, 0.01) weights, zero biases, plain SGD, global batch B split over W ranks,
 DistributedSampler with drop_last. Prints one JSON line like ddp_train's
 summary (samples_per_sec: training samples per second of training time,
 median over epochs; evaluation excluded).
 
-Usage: torch_ddp_lenet.py --world-size W --data-dir DIR --epochs E --batch-size B --lr LR
+On the CPU it runs gloo; with --device cuda, NCCL with one GPU per rank
+(DistributedDataParallel(device_ids=[rank])), each batch copied to the GPU as
+d2l does. --synthetic N trains on N random images instead of files: for
+timing, where the values do not matter but the sizes do.
+
+Usage: torch_ddp_lenet.py --world-size W (--data-dir DIR | --synthetic N)
+                          [--device cpu|cuda] --epochs E --batch-size B --lr LR
 """
 import argparse
 import gzip
@@ -55,16 +61,33 @@ def lenet():
     return net
 
 
+def synthetic(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
 def worker(rank, args, port):
+    cuda = args.device == "cuda"
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world_size))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=args.world_size)
     torch.manual_seed(args.seed)
-    model = nn.parallel.DistributedDataParallel(lenet())
+    if cuda:
+        torch.cuda.set_device(rank)
+        model = nn.parallel.DistributedDataParallel(lenet().cuda(), device_ids=[rank])
+    else:
+        model = nn.parallel.DistributedDataParallel(lenet())
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
-    x, y = load(args.data_dir, "train")
-    xt, yt = load(args.data_dir, "t10k")
+    if args.synthetic:
+        x, y = synthetic(args.synthetic, args.seed)
+        xt, yt = synthetic(max(1, args.synthetic // 6), args.seed + 1)
+    else:
+        x, y = load(args.data_dir, "train")
+        xt, yt = load(args.data_dir, "t10k")
+    if cuda:
+        x, y = x.pin_memory(), y.pin_memory()
     b = args.batch_size // args.world_size
     sampler = torch.utils.data.distributed.DistributedSampler(
         torch.utils.data.TensorDataset(x, y), num_replicas=args.world_size, rank=rank,
@@ -77,20 +100,25 @@ def worker(rank, args, port):
         t0 = time.perf_counter()
         for s in range(steps):
             sel = idx[s * b:(s + 1) * b]
+            xb, yb = x[sel].to(dev, non_blocking=True), y[sel].to(dev, non_blocking=True)
             opt.zero_grad()
-            loss = loss_fn(model(x[sel]), y[sel])
+            loss = loss_fn(model(xb), yb)
             loss.backward()
             opt.step()
-        t = torch.tensor([time.perf_counter() - t0])
+        if cuda:
+            torch.cuda.synchronize()
+        t = torch.tensor([time.perf_counter() - t0], device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         secs.append(t.item())
         rates.append(steps * args.batch_size / t.item())
     with torch.no_grad():
         shard = torch.arange(rank, len(yt), args.world_size)
-        counts = torch.tensor([float((model(xt[shard]).argmax(1) == yt[shard]).sum()), float(len(shard))])
+        correct = sum(float((model(xt[c].to(dev)).argmax(1).cpu() == yt[c]).sum()) for c in shard.split(1024))
+        counts = torch.tensor([correct, float(len(shard))], device=dev)
     dist.all_reduce(counts)
     if rank == 0:
-        print(json.dumps({"event": "summary", "impl": "pytorch-ddp-gloo", "torch": torch.__version__,
+        print(json.dumps({"event": "summary", "impl": "pytorch-ddp-" + ("nccl" if cuda else "gloo"),
+                          "torch": torch.__version__, "device": args.device,
                           "world_size": args.world_size, "epochs": args.epochs,
                           "test_acc": counts[0].item() / counts[1].item(), "train_loss": loss.item(),
                           "epoch_sec_median": statistics.median(secs),
@@ -101,13 +129,17 @@ def worker(rank, args, port):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--world-size", type=int, default=1)
-    p.add_argument("--data-dir", required=True)
+    p.add_argument("--data-dir")
+    p.add_argument("--synthetic", type=int, default=0)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--lr", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--port", type=int, default=29533)
     args = p.parse_args()
+    if bool(args.data_dir) == bool(args.synthetic):
+        p.error("name one dataset: --data-dir DIR or --synthetic N")
     mp.spawn(worker, args=(args, args.port), nprocs=args.world_size, join=True)
 
 
