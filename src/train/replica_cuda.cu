@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -115,9 +116,28 @@ class CudaReplica final : public Replica {
   }
 
   ~CudaReplica() override {
-    // Nothing may still read what is freed below; errors end here quietly
-    // (the run's outcome is decided already).
-    if (ctx_) cudaStreamSynchronize(ctx_->compute());
+    // An error on its way to main's MPI_Abort: tear nothing down. Finalising
+    // NCCL or synchronising the compute stream could wait on a collective
+    // stuck on a dead peer and delay (or, unbounded, stop) the error report;
+    // the process ends in a moment and takes the GPU state with it.
+    if (std::uncaught_exceptions() > 0) {
+      static_cast<void>(comm_.release());
+      static_cast<void>(ctx_.release());
+      return;
+    }
+    // Nothing may still read what is freed below. Bounded: compute may wait
+    // on a collective stuck on a dead peer; synchronize gives up after the
+    // timeout (aborting NCCL), and the buffers are then left to the
+    // process's end.
+    bool idle = false;
+    if (ctx_ && comm_) {
+      try {
+        comm_->synchronize(ctx_->compute(), "releasing the GPU replica");
+        idle = true;
+      } catch (...) {
+      }
+    }
+    if (!idle) return;
     for (PinnedSlot& s : slots_) {
       if (s.host) cudaFreeHost(s.host);
       if (s.dev) cudaFree(s.dev);

@@ -94,15 +94,12 @@ inline std::vector<float> on_grid(size_t n, uint64_t seed, float step, int range
   return v;
 }
 
-// max |got - want| <= tol * max(1, max |want|): agreement to tol relative to
-// the tensor's scale, absolute for tensors of small values.
-inline ::testing::AssertionResult agrees(const std::vector<float>& got, const std::vector<float>& want,
-                                         double tol = 1e-4) {
-  if (got.size() != want.size())
-    return ::testing::AssertionFailure() << "sizes differ: gpu " << got.size() << ", cpu " << want.size();
-  double scale = 1.0, worst = 0.0;
+// max |got - want| <= tol * max(floor, max |want|) over n values.
+inline ::testing::AssertionResult agrees_within(const float* got, const float* want, size_t n, double tol,
+                                                double floor) {
+  double scale = floor, worst = 0.0;
   size_t at = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     scale = std::max(scale, double(std::fabs(want[i])));
     const double d = std::fabs(double(got[i]) - double(want[i]));
     if (std::isnan(d))
@@ -115,6 +112,20 @@ inline ::testing::AssertionResult agrees(const std::vector<float>& got, const st
   if (worst <= tol * scale) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "max |gpu - cpu| = " << worst << " at " << at << " (gpu " << got[at]
                                        << ", cpu " << want[at] << ") > " << tol << " * " << scale;
+}
+
+// Agreement to tol relative to the tensor's scale, absolute for tensors of
+// small values: max |got - want| <= tol * max(1, max |want|).
+inline ::testing::AssertionResult agrees(const std::vector<float>& got, const std::vector<float>& want,
+                                         double tol = 1e-4) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "sizes differ: gpu " << got.size() << ", cpu " << want.size();
+  return agrees_within(got.data(), want.data(), got.size(), tol, 1.0);
+}
+
+// Agreement relative to the tensor's own largest value, however small.
+inline ::testing::AssertionResult agrees_in_scale(const float* got, const float* want, size_t n, double tol) {
+  return agrees_within(got, want, n, tol, 0.0);
 }
 
 }  // namespace ddp::nn_cuda_test

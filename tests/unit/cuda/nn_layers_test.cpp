@@ -72,7 +72,10 @@ void CudaLayers::check(const LayerSpec& spec, int batch) {
   const size_t nx = size_t(batch) * size_t(spec.in.numel()), ny = size_t(batch) * size_t(out.numel());
   const std::vector<float> x = conv ? on_grid(nx, 1, 0.25f, 4) : normal(nx, 1);
   const std::vector<float> dy = normal(ny, 2);
-  DeviceArray<float> gx(ctx(), x), gy(ctx(), ny), gdy(ctx(), dy), gdx(ctx(), nx);
+  // y and dx start nonzero: both must be overwritten. Pool memory's contents
+  // are undefined and may be zeros, which would let a y or dx that is added
+  // to (beta = 1) or only partly written pass.
+  DeviceArray<float> gx(ctx(), x), gy(ctx(), normal(ny, 3)), gdy(ctx(), dy), gdx(ctx(), normal(nx, 4));
 
   std::vector<float> y(ny), dx(nx);
   cpu->forward(x.data(), batch, y.data());
