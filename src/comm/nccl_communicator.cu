@@ -32,6 +32,7 @@ namespace ddp::comm {
 namespace {
 
 using cuda_util::bounded;
+using cuda_util::DoneWork;
 using cuda_util::EventPool;
 using cuda_util::quietly;
 
@@ -120,13 +121,6 @@ struct NcclState {
       std::this_thread::sleep_for(kPollSleep);
     }
   }
-};
-
-// Nothing to reduce: done at once.
-class DoneWork final : public Work {
- public:
-  void wait() override {}
-  bool done() override { return true; }
 };
 
 class NcclWork final : public Work {

@@ -41,6 +41,7 @@ namespace ddp::comm {
 namespace {
 
 using cuda_util::bounded;
+using cuda_util::DoneWork;
 using cuda_util::EventPool;
 using cuda_util::quietly;
 
@@ -107,12 +108,6 @@ struct Shared {
     }
     cv.notify_all();
   }
-};
-
-class DoneWork final : public Work {
- public:
-  void wait() override {}
-  bool done() override { return true; }
 };
 
 class StagedWork final : public Work {
