@@ -6,7 +6,7 @@
 namespace ddp::nn {
 
 ConvBase::ConvBase(std::string name, Shape in, int out_c, int k, int stride, int pad)
-    : name_(std::move(name)), in_(in), out_c_(out_c), k_(k), stride_(stride), pad_(pad) {
+    : ShapedLayer(std::move(name), in), out_c_(out_c), k_(k), stride_(stride), pad_(pad) {
   try {
     cpu::check_conv_geom(geom(1));
   } catch (const Error& e) {
@@ -25,12 +25,6 @@ cpu::ConvGeom ConvBase::geom(int batch) const {
   g.stride = stride_;
   g.pad = pad_;
   return g;
-}
-
-Shape ConvBase::output_shape(const Shape& in) const {
-  DDP_CHECK(in == in_, "layer ", name_, ": built for input ", to_string(in_), ", fed ",
-            to_string(in));
-  return out_;
 }
 
 std::vector<ParamSpec> ConvBase::param_specs() const {

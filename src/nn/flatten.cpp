@@ -1,18 +1,12 @@
 // Flatten layer: NCHW is already flat per sample, so both directions are copies.
 #include <algorithm>
 
-#include "ddp/core/error.hpp"
 #include "ddp/nn/layers.hpp"
 
 namespace ddp::nn {
 
-Flatten::Flatten(std::string name, Shape in) : name_(std::move(name)), in_(in) {}
-
-Shape Flatten::output_shape(const Shape& in) const {
-  DDP_CHECK(in == in_, "layer ", name_, ": built for input ", to_string(in_), ", fed ",
-            to_string(in));
-  return Shape{int(in_.numel()), 1, 1};
-}
+Flatten::Flatten(std::string name, Shape in)
+    : ShapedLayer(std::move(name), in, Shape{int(in.numel()), 1, 1}) {}
 
 void Flatten::forward(const float* x, int batch, float* y) {
   std::copy(x, x + int64_t(batch) * in_.numel(), y);

@@ -1,5 +1,5 @@
 // What the layer contract needs out of line: ParamSpec::numel, Shape printing,
-// weight-and-bias binding.
+// the input-shape check, weight-and-bias binding.
 #include <sstream>
 
 #include "ddp/core/error.hpp"
@@ -18,6 +18,11 @@ std::string to_string(const Shape& s) {
   std::ostringstream os;
   os << s.c << "x" << s.h << "x" << s.w;
   return os.str();
+}
+
+Shape ShapedLayer::output_shape(const Shape& in) const {
+  DDP_CHECK(in == in_, "layer ", name_, ": built for input ", to_string(in_), ", fed ", to_string(in));
+  return out_;
 }
 
 void WeightBias::bind(const std::string& layer, const std::vector<float*>& params,

@@ -4,15 +4,10 @@
 
 namespace ddp::nn {
 
-AvgPool2d::AvgPool2d(std::string name, Shape in) : name_(std::move(name)), in_(in) {
+AvgPool2d::AvgPool2d(std::string name, Shape in)
+    : ShapedLayer(std::move(name), in, Shape{in.c, in.h / 2, in.w / 2}) {
   DDP_CHECK(in_.c > 0 && in_.h >= 2 && in_.w >= 2, "layer ", name_, ": input ", to_string(in_),
             " too small for 2x2 pooling");
-}
-
-Shape AvgPool2d::output_shape(const Shape& in) const {
-  DDP_CHECK(in == in_, "layer ", name_, ": built for input ", to_string(in_), ", fed ",
-            to_string(in));
-  return Shape{in_.c, in_.h / 2, in_.w / 2};
 }
 
 void AvgPool2d::forward(const float* x, int batch, float* y) {

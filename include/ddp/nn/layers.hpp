@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/nn/cpu_ops.hpp"
@@ -24,12 +25,24 @@ struct WeightBias {
   void bind(const std::string& layer, const std::vector<float*>& params, const std::vector<float*>& grads);
 };
 
-// What a plain and a fused convolution share: geometry, the parameters
-// "weight" [out_c, in.c, k, k] and "bias" [out_c], binding, the thread pool.
-class ConvBase : public Layer {
+// A layer built for one input shape: its name, that shape and its output
+// shape, and the check that the model feeds it that shape.
+class ShapedLayer : public Layer {
  public:
   const std::string& name() const override { return name_; }
+  // out_, once in is checked against the shape the layer was built for.
   Shape output_shape(const Shape& in) const override;
+
+ protected:
+  ShapedLayer(std::string name, Shape in, Shape out = {}) : name_(std::move(name)), in_(in), out_(out) {}
+  std::string name_;
+  Shape in_, out_;
+};
+
+// What a plain and a fused convolution share: geometry, the parameters
+// "weight" [out_c, in.c, k, k] and "bias" [out_c], binding, the thread pool.
+class ConvBase : public ShapedLayer {
+ public:
   std::vector<ParamSpec> param_specs() const override;
   void bind(const std::vector<float*>& params, const std::vector<float*>& grads) override;
   void set_thread_pool(ThreadPool* pool) override { pool_ = pool; }
@@ -38,8 +51,6 @@ class ConvBase : public Layer {
   // Checks the geometry (the error names the layer); out_ is the subclass's.
   ConvBase(std::string name, Shape in, int out_c, int k, int stride, int pad);
   cpu::ConvGeom geom(int batch) const;
-  std::string name_;
-  Shape in_, out_;
   int out_c_, k_, stride_, pad_;
   WeightBias p_;
   cpu::ConvScratch<float> scratch_;
@@ -69,44 +80,26 @@ class ConvReluPool : public ConvBase {
 };
 
 // 2x2 average pooling with stride 2 (nn.AvgPool2d(2)).
-class AvgPool2d : public Layer {
+class AvgPool2d : public ShapedLayer {
  public:
   AvgPool2d(std::string name, Shape in);
-  const std::string& name() const override { return name_; }
-  Shape output_shape(const Shape& in) const override;
   void forward(const float* x, int batch, float* y) override;
   void backward(const float* x, const float* y, const float* dy, int batch, float* dx) override;
-
- private:
-  std::string name_;
-  Shape in_;
 };
 
-class ReLU : public Layer {
+class ReLU : public ShapedLayer {
  public:
   ReLU(std::string name, Shape in);
-  const std::string& name() const override { return name_; }
-  Shape output_shape(const Shape& in) const override;
   void forward(const float* x, int batch, float* y) override;
   void backward(const float* x, const float* y, const float* dy, int batch, float* dx) override;
-
- private:
-  std::string name_;
-  Shape in_;
 };
 
 // (c, h, w) -> (c*h*w, 1, 1), in NCHW order, as torch.flatten(x, 1).
-class Flatten : public Layer {
+class Flatten : public ShapedLayer {
  public:
   Flatten(std::string name, Shape in);
-  const std::string& name() const override { return name_; }
-  Shape output_shape(const Shape& in) const override;
   void forward(const float* x, int batch, float* y) override;
   void backward(const float* x, const float* y, const float* dy, int batch, float* dx) override;
-
- private:
-  std::string name_;
-  Shape in_;
 };
 
 // y = x W^T + b; params "weight" [out, in] and "bias" [out]. Accepts any input
