@@ -15,21 +15,9 @@ namespace ddp::nn {
 namespace {
 
 using cpu::ConvGeom;
+using test::conv_geom;
 using test::max_rel_err;
 using test::random_vec;
-
-ConvGeom geom(int batch, int c, int h, int w, int oc, int k, int stride, int pad) {
-  ConvGeom g;
-  g.batch = batch;
-  g.in_c = c;
-  g.in_h = h;
-  g.in_w = w;
-  g.out_c = oc;
-  g.k = k;
-  g.stride = stride;
-  g.pad = pad;
-  return g;
-}
 
 size_t x_size(const ConvGeom& g) { return size_t(g.batch) * g.in_c * g.in_h * g.in_w; }
 size_t y_size(const ConvGeom& g) { return size_t(g.batch) * g.out_c * g.out_h() * g.out_w(); }
@@ -70,7 +58,7 @@ class ConvGrad : public ::testing::TestWithParam<ConvCase> {};
 
 TEST_P(ConvGrad, ForwardMatchesDirectLoop) {
   const ConvCase p = GetParam();
-  const ConvGeom g = geom(p.batch, p.c, p.h, p.w, p.oc, p.k, p.stride, p.pad);
+  const ConvGeom g = conv_geom(p.batch, p.c, p.h, p.w, p.oc, p.k, p.stride, p.pad);
   const auto x = random_vec(x_size(g), 1), w = random_vec(w_size(g), 2),
              b = random_vec(size_t(g.out_c), 3);
   std::vector<double> y(y_size(g));
@@ -82,7 +70,7 @@ TEST_P(ConvGrad, ForwardMatchesDirectLoop) {
 // L = <r, conv(x; w, b)>; backward with dy = r must give dL/dx, dL/dw, dL/db.
 TEST_P(ConvGrad, BackwardMatchesFiniteDifferences) {
   const ConvCase p = GetParam();
-  const ConvGeom g = geom(p.batch, p.c, p.h, p.w, p.oc, p.k, p.stride, p.pad);
+  const ConvGeom g = conv_geom(p.batch, p.c, p.h, p.w, p.oc, p.k, p.stride, p.pad);
   auto x = random_vec(x_size(g), 4), w = random_vec(w_size(g), 5),
        b = random_vec(size_t(g.out_c), 6);
   const auto r = random_vec(y_size(g), 7);
@@ -111,7 +99,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // A batch big enough for several im2col chunks must equal image-by-image.
 TEST(Conv2d, ChunkedBatchAndThreadsEqualSingleImages) {
-  const ConvGeom g = geom(7, 6, 13, 13, 50, 5, 1, 0);  // conv2's form; chunks of 4 + 3 in double
+  const ConvGeom g = conv_geom(7, 6, 13, 13, 50, 5, 1, 0);  // conv2's form; chunks of 4 + 3 in double
   const auto x = random_vec(x_size(g), 8), w = random_vec(w_size(g), 9),
              b = random_vec(size_t(g.out_c), 10), dy = random_vec(y_size(g), 11);
   cpu::ConvScratch<double> ws;
@@ -149,7 +137,7 @@ TEST(Conv2d, ChunkedBatchAndThreadsEqualSingleImages) {
 
 // Note [gradient accumulation]: a second backward adds the same again.
 TEST(Conv2d, BackwardAccumulatesParameterGradients) {
-  const ConvGeom g = geom(2, 2, 6, 6, 3, 3, 1, 0);
+  const ConvGeom g = conv_geom(2, 2, 6, 6, 3, 3, 1, 0);
   const auto x = random_vec(x_size(g), 12), w = random_vec(w_size(g), 13),
              dy = random_vec(y_size(g), 14);
   cpu::ConvScratch<double> ws;
@@ -164,7 +152,7 @@ TEST(Conv2d, BackwardAccumulatesParameterGradients) {
 
 // The float layer (what models run) agrees with the double kernel.
 TEST(Conv2d, FloatLayerMatchesDoubleKernel) {
-  const ConvGeom g = geom(9, 20, 13, 13, 50, 5, 1, 0);  // several float chunks too
+  const ConvGeom g = conv_geom(9, 20, 13, 13, 50, 5, 1, 0);  // several float chunks too
   const auto xd = random_vec(x_size(g), 15), wd = random_vec(w_size(g), 16, 0.1),
              bd = random_vec(50, 17), dyd = random_vec(y_size(g), 18);
   cpu::ConvScratch<double> ws;

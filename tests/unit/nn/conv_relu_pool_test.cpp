@@ -24,20 +24,9 @@ namespace ddp::nn {
 namespace {
 
 using cpu::ConvGeom;
+using test::conv_geom;
 using test::max_rel_err;
 using test::random_vec;
-
-ConvGeom geom(int batch, int c, int h, int w, int oc, int k, int pad = 0) {
-  ConvGeom g;
-  g.batch = batch;
-  g.in_c = c;
-  g.in_h = h;
-  g.in_w = w;
-  g.out_c = oc;
-  g.k = k;
-  g.pad = pad;
-  return g;
-}
 
 struct Sizes {
   size_t x, conv, pooled, w;
@@ -117,14 +106,14 @@ TEST_P(Fused, BackwardMatchesFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Fused,
-                         ::testing::Values(geom(2, 1, 8, 8, 3, 3),       // conv1's form, even 6x6
-                                           geom(2, 3, 9, 9, 4, 5),       // conv2's form, C > 1
-                                           geom(2, 2, 8, 9, 3, 3, 1),    // odd width, padding
-                                           geom(1, 1, 7, 20, 2, 3),      // odd height, wide rows
-                                           geom(3, 2, 5, 40, 2, 3)));    // rows over 2 vectors
+                         ::testing::Values(conv_geom(2, 1, 8, 8, 3, 3),       // conv1's form, even 6x6
+                                           conv_geom(2, 3, 9, 9, 4, 5),       // conv2's form, C > 1
+                                           conv_geom(2, 2, 8, 9, 3, 3, 1, 1),  // odd width, padding
+                                           conv_geom(1, 1, 7, 20, 2, 3),      // odd height, wide rows
+                                           conv_geom(3, 2, 5, 40, 2, 3)));    // rows over 2 vectors
 
 TEST(Fused, ManyChunksAndThreadsMatchUnfused) {
-  const ConvGeom g = geom(13, 20, 13, 13, 50, 5);  // LeNet conv2, several chunks per thread
+  const ConvGeom g = conv_geom(13, 20, 13, 13, 50, 5);  // LeNet conv2, several chunks per thread
   const Sizes n = sizes(g);
   const auto x = random_vec(n.x, 9), w = random_vec(n.w, 10, 0.1),
              b = random_vec(size_t(g.out_c), 11), dy = random_vec(n.pooled, 12);
@@ -143,7 +132,7 @@ TEST(Fused, ManyChunksAndThreadsMatchUnfused) {
 }
 
 TEST(Fused, FloatLayerMatchesDoubleKernel) {
-  const ConvGeom g = geom(11, 1, 28, 28, 20, 3);  // LeNet conv1
+  const ConvGeom g = conv_geom(11, 1, 28, 28, 20, 3);  // LeNet conv1
   const Sizes n = sizes(g);
   const auto xd = random_vec(n.x, 13), wd = random_vec(n.w, 14, 0.3),
              bd = random_vec(20, 15, 0.1), dyd = random_vec(n.pooled, 16);

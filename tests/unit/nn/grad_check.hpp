@@ -1,5 +1,5 @@
-// Helpers for the nn tests: deterministic random tensors and central finite
-// differences in double.
+// Helpers for the nn tests: deterministic random tensors, central finite
+// differences in double, convolution geometries.
 #pragma once
 
 #include <algorithm>
@@ -8,8 +8,22 @@
 #include <vector>
 
 #include "ddp/core/rng.hpp"
+#include "ddp/nn/cpu_ops.hpp"  // cpu::ConvGeom
 
 namespace ddp::nn::test {
+
+inline cpu::ConvGeom conv_geom(int batch, int c, int h, int w, int oc, int k, int stride = 1, int pad = 0) {
+  cpu::ConvGeom g;
+  g.batch = batch;
+  g.in_c = c;
+  g.in_h = h;
+  g.in_w = w;
+  g.out_c = oc;
+  g.k = k;
+  g.stride = stride;
+  g.pad = pad;
+  return g;
+}
 
 inline std::vector<double> random_vec(size_t n, uint64_t seed, double scale = 1.0) {
   Rng rng(seed, 77);
