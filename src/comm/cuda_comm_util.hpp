@@ -74,8 +74,8 @@ class DoneWork final : public Work {
   bool done() override { return true; }
 };
 
-// broadcast, barrier, allgather and allreduce_doubles on host memory, by MPI
-// on the caller's thread, under this communicator's timeout (set_timeout is
+// broadcast, barrier, allgather and allreduce_doubles on host memory, by the
+// MPI communicator the backend was given, on the caller's thread, under this communicator's timeout (set_timeout is
 // not virtual: it is pushed into the MPI communicator at each use).
 class HostCollectives : public DeviceCommunicator {
  public:

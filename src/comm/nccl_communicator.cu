@@ -164,8 +164,9 @@ class NcclWork final : public Work {
 
 class NcclCommunicator final : public cuda_util::HostCollectives {
  public:
-  NcclCommunicator(const World& world, cuda::Context& ctx, milliseconds init_timeout)
-      : HostCollectives(make_mpi_communicator(world)),
+  NcclCommunicator(const World& world, cuda::Context& ctx, milliseconds init_timeout,
+                   std::unique_ptr<Communicator> host)
+      : HostCollectives(std::move(host)),
         ctx_(ctx),
         rank_(world.rank),
         size_(world.size),
@@ -299,8 +300,9 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
 }  // namespace
 
 std::unique_ptr<DeviceCommunicator> make_nccl_communicator(const World& world, cuda::Context& ctx,
-                                                           std::chrono::milliseconds init_timeout) {
-  return std::make_unique<NcclCommunicator>(world, ctx, init_timeout);
+                                                           std::chrono::milliseconds init_timeout,
+                                                           std::unique_ptr<Communicator> host) {
+  return std::make_unique<NcclCommunicator>(world, ctx, init_timeout, std::move(host));
 }
 
 }  // namespace ddp::comm

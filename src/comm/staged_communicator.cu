@@ -148,8 +148,8 @@ class StagedWork final : public Work {
 
 class StagedMpiCommunicator final : public cuda_util::HostCollectives {
  public:
-  StagedMpiCommunicator(const World& world, cuda::Context& ctx)
-      : HostCollectives(make_mpi_communicator(world)),  // Note [two mpi communicators]
+  StagedMpiCommunicator(const World& world, cuda::Context& ctx, std::unique_ptr<Communicator> host)
+      : HostCollectives(std::move(host)),  // Note [two mpi communicators]
         ctx_(ctx),
         reduce_mpi_(make_mpi_communicator(world)),  // Note [two mpi communicators]
         rank_(world.rank),
@@ -381,9 +381,9 @@ class StagedMpiCommunicator final : public cuda_util::HostCollectives {
 
 }  // namespace
 
-std::unique_ptr<DeviceCommunicator> make_staged_mpi_communicator(const World& world,
-                                                                 cuda::Context& ctx) {
-  return std::make_unique<StagedMpiCommunicator>(world, ctx);
+std::unique_ptr<DeviceCommunicator> make_staged_mpi_communicator(const World& world, cuda::Context& ctx,
+                                                                 std::unique_ptr<Communicator> host) {
+  return std::make_unique<StagedMpiCommunicator>(world, ctx, std::move(host));
 }
 
 }  // namespace ddp::comm

@@ -81,18 +81,19 @@ struct PinnedSlot {
 
 class CudaReplica final : public Replica {
  public:
-  CudaReplica(const World& world, const Config& cfg, int gpu, comm::Communicator& host_comm,
+  CudaReplica(const World& world, const Config& cfg, int gpu, std::unique_ptr<comm::Communicator> host_comm,
               std::unique_ptr<nn::Model> model, std::unique_ptr<optim::Sgd> sgd)
       : info_(cuda::set_device(gpu)) {
     model_ = std::move(model);
     sgd_ = std::move(sgd);
-    const std::string backend = check_gpus_distinct(host_comm, world, info_, cfg.backend);
+    const std::string backend = check_gpus_distinct(*host_comm, world, info_, cfg.backend);
     ctx_ = std::make_unique<cuda::Context>(gpu);
     if (backend == "nccl") {
       comm_ = comm::make_nccl_communicator(world, *ctx_, std::chrono::milliseconds(
-                                                             static_cast<int64_t>(cfg.preflight_timeout_sec * 1000)));
+                                                             static_cast<int64_t>(cfg.preflight_timeout_sec * 1000)),
+                                             std::move(host_comm));
     } else {
-      comm_ = comm::make_staged_mpi_communicator(world, *ctx_);
+      comm_ = comm::make_staged_mpi_communicator(world, *ctx_, std::move(host_comm));
     }
     comm_->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_sec * 1000)));
     const nn::Shape in = model_->input_shape();
@@ -277,9 +278,9 @@ class CudaReplica final : public Replica {
 }  // namespace
 
 std::unique_ptr<Replica> make_cuda_replica(const World& world, const Config& cfg, int gpu,
-                                           comm::Communicator& host_comm, std::unique_ptr<nn::Model> model,
-                                           std::unique_ptr<optim::Sgd> sgd) {
-  return std::make_unique<CudaReplica>(world, cfg, gpu, host_comm, std::move(model), std::move(sgd));
+                                           std::unique_ptr<comm::Communicator> host_comm,
+                                           std::unique_ptr<nn::Model> model, std::unique_ptr<optim::Sgd> sgd) {
+  return std::make_unique<CudaReplica>(world, cfg, gpu, std::move(host_comm), std::move(model), std::move(sgd));
 }
 
 }  // namespace ddp::train

@@ -162,7 +162,8 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   std::unique_ptr<Replica> replica;
   if (place.device == "cuda") {
 #if DDP_HAVE_CUDA
-    replica = make_cuda_replica(world, cfg, place.gpu, *host_comm, std::move(host_model), std::move(host_sgd));
+    replica = make_cuda_replica(world, cfg, place.gpu, std::move(host_comm), std::move(host_model),
+                                std::move(host_sgd));
 #endif
   } else {
     replica = make_cpu_replica(cfg, std::move(host_comm), std::move(host_model), std::move(host_sgd));

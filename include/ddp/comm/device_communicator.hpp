@@ -7,7 +7,8 @@
 // collective (cudaStreamWaitEvent): the optimizer, issued after the waits,
 // reads averaged gradients, and the host never blocks on the GPU for it.
 // The blocking collectives (broadcast, barrier, allgather,
-// allreduce_doubles) work on HOST memory, through MPI.
+// allreduce_doubles) work on HOST memory, through the MPI communicator `host`
+// each backend is given (the run's one: make_mpi_communicator).
 #pragma once
 
 #include <chrono>
@@ -34,12 +35,14 @@ class DeviceCommunicator : public Communicator {
 // naming NCCL_SOCKET_IFNAME, firewalls, NCCL_P2P_DISABLE). Averages with
 // ncclAvg on ctx.comm(). Collective over world.comm.
 std::unique_ptr<DeviceCommunicator> make_nccl_communicator(const World& world, cuda::Context& ctx,
-                                                           std::chrono::milliseconds init_timeout);
+                                                           std::chrono::milliseconds init_timeout,
+                                                           std::unique_ptr<Communicator> host);
 
 // MPI on GPU memory: each bucket is copied to pinned host memory, all-reduced
 // by the MPI backend (its communication thread), and copied back, on a
 // staging thread of its own; several ranks may share one GPU. Collective over
 // world.comm.
-std::unique_ptr<DeviceCommunicator> make_staged_mpi_communicator(const World& world, cuda::Context& ctx);
+std::unique_ptr<DeviceCommunicator> make_staged_mpi_communicator(const World& world, cuda::Context& ctx,
+                                                                 std::unique_ptr<Communicator> host);
 
 }  // namespace ddp::comm

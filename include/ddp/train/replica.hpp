@@ -70,13 +70,13 @@ std::unique_ptr<Replica> make_cpu_replica(const Config& cfg, std::unique_ptr<com
 #if DDP_HAVE_CUDA
 // The GPU replica on device index `gpu` (chosen by choose_gpu,
 // runtime/device.hpp): binds it, gathers every rank's (host, bus id) over
-// host_comm and refuses two nccl ranks on one GPU (backend auto: nccl when
+// host_comm (then the backend's communicator for host memory) and refuses two nccl ranks on one GPU (backend auto: nccl when
 // no GPU is shared, else mpi), then cuDNN/cuBLAS layers, the backend (nccl,
 // or mpi staged through pinned memory) and batches through pinned buffers on
 // the copy stream. Collective.
 std::unique_ptr<Replica> make_cuda_replica(const World& world, const Config& cfg, int gpu,
-                                           comm::Communicator& host_comm, std::unique_ptr<nn::Model> model,
-                                           std::unique_ptr<optim::Sgd> sgd);
+                                           std::unique_ptr<comm::Communicator> host_comm,
+                                           std::unique_ptr<nn::Model> model, std::unique_ptr<optim::Sgd> sgd);
 #endif
 
 }  // namespace ddp::train

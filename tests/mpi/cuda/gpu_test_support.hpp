@@ -66,6 +66,8 @@ inline std::string nccl_unfit_reason(const World& w) {
 struct GpuRank {
   World world = gpu_world();
   cuda::Context ctx{world.local_rank % cuda::device_count()};
+  // The MPI communicator a GPU backend takes for its host collectives.
+  std::unique_ptr<comm::Communicator> host() const { return comm::make_mpi_communicator(world); }
 };
 
 inline void upload(cuda::Context& ctx, float* dst, const std::vector<float>& src) {

@@ -19,7 +19,7 @@ TEST(GpuNccl, AllReducesSumAndMeanExactly) {
   if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   if (auto why = test::nccl_unfit_reason(test::gpu_world()); !why.empty()) GTEST_SKIP() << why;
   GpuRank g;
-  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout);
+  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout, g.host());
   EXPECT_STREQ(comm->backend(), "nccl");
   EXPECT_EQ(comm->rank(), g.world.rank);
   EXPECT_EQ(comm->size(), g.world.size);
@@ -30,7 +30,7 @@ TEST(GpuNccl, SeveralInFlightCompleteInIssueOrder) {
   if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   if (auto why = test::nccl_unfit_reason(test::gpu_world()); !why.empty()) GTEST_SKIP() << why;
   GpuRank g;
-  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout);
+  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout, g.host());
   test::check_in_flight(*comm, g.ctx);
 }
 
@@ -38,7 +38,7 @@ TEST(GpuNccl, ReducerAveragesDeviceGradients) {
   if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   if (auto why = test::nccl_unfit_reason(test::gpu_world()); !why.empty()) GTEST_SKIP() << why;
   GpuRank g;
-  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout);
+  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout, g.host());
   test::check_reducer(*comm, g.ctx);
 }
 
@@ -46,7 +46,7 @@ TEST(GpuNccl, HostCollectivesGoThroughMpi) {
   if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   if (auto why = test::nccl_unfit_reason(test::gpu_world()); !why.empty()) GTEST_SKIP() << why;
   GpuRank g;
-  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout);
+  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout, g.host());
   test::check_host_collectives(*comm);
 }
 
@@ -54,7 +54,7 @@ TEST(GpuNccl, SynchronizeReturnsWhenStreamsAreDone) {
   if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   if (auto why = test::nccl_unfit_reason(test::gpu_world()); !why.empty()) GTEST_SKIP() << why;
   GpuRank g;
-  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout);
+  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout, g.host());
   comm->synchronize(g.ctx.compute(), "test: idle compute stream");
   cuda::DeviceBuffer buf(g.ctx, 4096);
   test::upload(g.ctx, buf.data(), test::rank_data(comm->rank(), 4096));

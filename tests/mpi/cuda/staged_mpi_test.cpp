@@ -13,7 +13,7 @@ using test::GpuRank;
 TEST(GpuStagedMpi, AllReducesSumAndMeanExactly) {
   if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   GpuRank g;
-  auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx);
+  auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx, g.host());
   EXPECT_STREQ(comm->backend(), "mpi");
   EXPECT_EQ(comm->rank(), g.world.rank);
   EXPECT_EQ(comm->size(), g.world.size);
@@ -23,21 +23,21 @@ TEST(GpuStagedMpi, AllReducesSumAndMeanExactly) {
 TEST(GpuStagedMpi, SeveralInFlightCompleteInIssueOrder) {
   if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   GpuRank g;
-  auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx);
+  auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx, g.host());
   test::check_in_flight(*comm, g.ctx);
 }
 
 TEST(GpuStagedMpi, ReducerAveragesDeviceGradients) {
   if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   GpuRank g;
-  auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx);
+  auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx, g.host());
   test::check_reducer(*comm, g.ctx);
 }
 
 TEST(GpuStagedMpi, HostCollectivesAndSynchronize) {
   if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   GpuRank g;
-  auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx);
+  auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx, g.host());
   test::check_host_collectives(*comm);
   comm->synchronize(g.ctx.compute(), "test: idle compute stream");
 }
@@ -51,7 +51,7 @@ TEST(GpuStagedMpi, WorkOutlivesTheCommunicator) {
   test::upload(g.ctx, buf.data(), test::rank_data(g.world.rank, 1000));
   std::shared_ptr<comm::Work> w;
   {
-    auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx);
+    auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx, g.host());
     comm->barrier("test: every rank has its communicator");
     w = comm->allreduce_async(buf.data(), 1000, comm::ReduceOp::Sum, "test all-reduce");
     w->wait();  // complete on every rank: none abandons a collective its peers finish
