@@ -1,15 +1,14 @@
 // Softmax cross-entropy and accuracy on the GPU (cuda_model.hpp), the twins
-// of loss_cpu.cpp and count_correct in loss.cpp: one thread a row with the
-// CPU's arithmetic (max-shifted, exp and log in double), then one block-wide
+// of loss_cpu.cpp and count_correct in loss.cpp: one thread a row
+// (kernel_math.hpp's argmax_row and softmax_xent_row), then one block-wide
 // sum so each block adds its loss and correct count to the device totals
 // with one atomicAdd each. The totals stay on the device: an epoch's metrics
 // need one read at its end, not one per step.
-#include <math_constants.h>  // CUDART_NAN, CUDART_NAN_F
-
 #include <algorithm>
 
 #include "ddp/core/error.hpp"          // DDP_CHECK
 #include "ddp/nn/cuda_model.hpp"
+#include "ddp/nn/kernel_math.hpp"      // argmax_row, softmax_xent_row
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK_LAUNCH
 
 namespace ddp::nn {
@@ -29,10 +28,8 @@ __device__ void block_sum(double* s, double v) {
 }
 
 // With kLoss: writes d(mean loss)/d(logits) (if dlogits) and adds the summed
-// loss to *loss_sum; always adds the rows whose arg-max is the label to
-// *correct. A label outside [0, classes) cannot throw from here as it does
-// on the CPU: it makes its row's loss and gradient NaN, so the epoch's loss
-// shows it.
+// loss to *loss_sum (NaN for a label outside [0, classes): softmax_xent_row);
+// always adds the rows whose arg-max is the label to *correct.
 template <bool kLoss>
 __global__ void __launch_bounds__(kThreads)
     rows_kernel(const float* __restrict__ logits, const int32_t* __restrict__ labels, int batch, int classes,
@@ -42,31 +39,11 @@ __global__ void __launch_bounds__(kThreads)
   const double inv_batch = 1.0 / batch;
   for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < batch; r += gridDim.x * blockDim.x) {
     const float* z = logits + int64_t(r) * classes;
-    const int32_t label = labels[r];
-    // The first maximum wins ties, as torch.argmax and the CPU's count_correct;
-    // it is also std::max_element's pick, the CPU loss's shift.
-    int best = 0;
-    for (int c = 1; c < classes; ++c)
-      if (z[c] > z[best]) best = c;
-    right += best == label ? 1.0 : 0.0;
-    if (!kLoss) continue;
-    float* d = dlogits ? dlogits + int64_t(r) * classes : nullptr;
-    if (label < 0 || label >= classes) {
-      loss += CUDART_NAN;
-      if (d)
-        for (int c = 0; c < classes; ++c) d[c] = CUDART_NAN_F;
-      continue;
-    }
-    const double m = double(z[best]);
-    double sum = 0.0;
-    for (int c = 0; c < classes; ++c) sum += exp(double(z[c]) - m);
-    const double log_sum = log(sum);
-    loss += log_sum - (double(z[label]) - m);
-    if (d)
-      for (int c = 0; c < classes; ++c) {
-        const double p = exp(double(z[c]) - m - log_sum);
-        d[c] = float((p - (c == label ? 1.0 : 0.0)) * inv_batch);
-      }
+    const int best = kernel::argmax_row(z, classes);
+    right += best == labels[r] ? 1.0 : 0.0;
+    if (kLoss)
+      loss += kernel::softmax_xent_row(z, best, labels[r], classes, inv_batch,
+                                       dlogits ? dlogits + int64_t(r) * classes : nullptr);
   }
   if (kLoss) {
     block_sum(s, loss);

@@ -1,6 +1,7 @@
-// ReLU on the GPU: element-wise kernels with relu_cpu.cpp's comparisons, so
-// a NaN and a zero take the same branch on both devices.
+// ReLU on the GPU: element-wise kernels over kernel_math.hpp's relu_at and
+// relu_grad_at.
 #include "cuda_layers.hpp"
+#include "ddp/nn/kernel_math.hpp"      // relu_at, relu_grad_at
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK_LAUNCH
 
 namespace ddp::nn {
@@ -9,14 +10,13 @@ namespace {
 
 __global__ void relu_forward_kernel(int64_t n, const float* __restrict__ x, float* __restrict__ y) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    y[i] = kernel::relu_at(x[i]);
 }
 
-// From the output: y > 0 exactly where x > 0.
 __global__ void relu_backward_kernel(int64_t n, const float* __restrict__ y, const float* __restrict__ dy,
                                      float* __restrict__ dx) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    dx[i] = kernel::relu_grad_at(y[i], dy[i]);
 }
 
 }  // namespace
