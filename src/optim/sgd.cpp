@@ -1,6 +1,7 @@
 #include "ddp/optim/sgd.hpp"
 
 #include "ddp/core/error.hpp"
+#include "ddp/optim/sgd_math.hpp"  // sgd_scalars: the GPU kernel's floats too
 
 namespace ddp::optim {
 
@@ -14,10 +15,8 @@ Sgd::Sgd(size_t numel, SgdOptions opt) : n_(numel), opt_(opt) {
 }
 
 void Sgd::step(float* p, const float* g) {
-  const float lr = static_cast<float>(opt_.lr);
-  const float wd = static_cast<float>(opt_.weight_decay);
-  const float mu = static_cast<float>(opt_.momentum);
-  const float damp = 1.0f - static_cast<float>(opt_.dampening);
+  const SgdScalars s = sgd_scalars(opt_);
+  const float lr = s.lr, wd = s.wd, mu = s.mu, damp = s.damp;
   const size_t n = n_;
   if (mu == 0.0f) {
     for (size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
@@ -31,7 +30,7 @@ void Sgd::step(float* p, const float* g) {
   } else {
     for (size_t i = 0; i < n; ++i) b[i] = mu * b[i] + damp * (g[i] + wd * p[i]);
   }
-  if (opt_.nesterov) {
+  if (s.nesterov) {
     for (size_t i = 0; i < n; ++i) p[i] -= lr * ((g[i] + wd * p[i]) + mu * b[i]);
   } else {
     for (size_t i = 0; i < n; ++i) p[i] -= lr * b[i];

@@ -10,8 +10,8 @@
 
 namespace ddp::optim {
 
-// The options as Sgd::step converts them to float, so both devices take the
-// same branches.
+// The options as float, as Sgd::step and the GPU kernel both take them, so
+// both devices take the same branches.
 struct SgdScalars {
   float lr = 0, wd = 0, mu = 0, damp = 1;  // damp: 1 - dampening
   bool nesterov = false;
