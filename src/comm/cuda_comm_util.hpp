@@ -1,6 +1,7 @@
 // What the two GPU backends (nccl_communicator.cu, staged_communicator.cu)
-// share: bounded deadlines, quiet cleanup, a pool of CUDA events, and the
-// host-memory collectives through an MPI communicator of their own.
+// share: bounded deadlines, bounded waits on a stream, quiet cleanup, a pool
+// of CUDA events, and the host-memory collectives through an MPI communicator
+// of their own.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ddp/comm/device_communicator.hpp"  // DeviceCommunicator
@@ -21,6 +23,28 @@ namespace ddp::comm::cuda_util {
 inline std::chrono::milliseconds bounded(std::chrono::milliseconds t) {
   return std::clamp(t, std::chrono::milliseconds(0),
                     std::chrono::milliseconds(std::chrono::hours(24 * 365 * 10)));
+}
+
+// stream_done without a check.
+struct NoCheck {
+  void operator()() const {}
+};
+
+// Polls `stream` until everything issued on it is done (true), or until
+// `deadline` passes first (false), sleeping `pause` between two looks. Before
+// each deadline test it calls check(), which may throw (an error state the
+// wait must not outlive); a CUDA error other than "not ready" throws.
+template <typename Check = NoCheck>
+bool stream_done(cudaStream_t stream, std::chrono::steady_clock::time_point deadline,
+                 std::chrono::microseconds pause, const Check& check = {}) {
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) DDP_CUDA_CHECK(e);
+    check();
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(pause);
+  }
 }
 
 // Destructors must not throw: their checked calls go through this, which

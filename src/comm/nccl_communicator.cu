@@ -25,7 +25,7 @@
 
 #include "ddp/comm/device_communicator.hpp"  // DeviceCommunicator, make_mpi_communicator
 #include "ddp/core/error.hpp"                // ddp::Error, DDP_CHECK
-#include "cuda_comm_util.hpp"                // bounded, quietly, EventPool
+#include "cuda_comm_util.hpp"                // bounded, quietly, EventPool, stream_done
 #include "ddp/runtime/cuda_check.hpp"        // DDP_CUDA_CHECK, DDP_NCCL_CHECK
 
 namespace ddp::comm {
@@ -35,6 +35,7 @@ using cuda_util::bounded;
 using cuda_util::DoneWork;
 using cuda_util::EventPool;
 using cuda_util::quietly;
+using cuda_util::stream_done;
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
@@ -275,19 +276,11 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
   void synchronize(cudaStream_t stream, const std::string& what) override {
     state_->check_usable(what);
     const milliseconds limit = timeout();
-    const auto deadline = Clock::now() + bounded(limit);
-    for (;;) {
-      const cudaError_t e = cudaStreamQuery(stream);
-      if (e == cudaSuccess) return;
-      if (e != cudaErrorNotReady) DDP_CUDA_CHECK(e);
-      // A collective waiting on a dead peer never ends: NCCL's own error
-      // state, or our deadline, is what tells us.
-      state_->check_async(what);
-      if (Clock::now() >= deadline)
-        state_->fail(detail::concat(what, " (nccl) did not complete within ", format_duration(limit),
-                                    ": another rank may have failed or be stuck"));
-      std::this_thread::sleep_for(kPollSleep);
-    }
+    // A collective waiting on a dead peer never ends: NCCL's own error
+    // state, or our deadline, is what tells us.
+    if (!stream_done(stream, Clock::now() + bounded(limit), kPollSleep, [&] { state_->check_async(what); }))
+      state_->fail(detail::concat(what, " (nccl) did not complete within ", format_duration(limit),
+                                  ": another rank may have failed or be stuck"));
   }
 
  private:

@@ -34,7 +34,7 @@
 
 #include "ddp/comm/device_communicator.hpp"  // DeviceCommunicator, make_mpi_communicator
 #include "ddp/core/error.hpp"                // ddp::Error, DDP_CHECK
-#include "cuda_comm_util.hpp"                // bounded, quietly, EventPool
+#include "cuda_comm_util.hpp"                // bounded, quietly, EventPool, stream_done
 #include "ddp/runtime/cuda_check.hpp"        // DDP_CUDA_CHECK
 
 namespace ddp::comm {
@@ -44,6 +44,7 @@ using cuda_util::bounded;
 using cuda_util::DoneWork;
 using cuda_util::EventPool;
 using cuda_util::quietly;
+using cuda_util::stream_done;
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
@@ -185,17 +186,7 @@ class StagedMpiCommunicator final : public cuda_util::HostCollectives {
     // it in time, or an all-reduce was abandoned mid-flight (MPI may still
     // write into the buffer), the buffer and stream stay: the job is ending.
     bool idle = false;
-    quietly([&] {
-      const auto deadline = Clock::now() + kWaitMargin;
-      for (;;) {
-        const cudaError_t e = cudaStreamQuery(stream_);
-        if (e == cudaSuccess) break;
-        if (e != cudaErrorNotReady) DDP_CUDA_CHECK(e);
-        if (Clock::now() >= deadline) return;
-        std::this_thread::sleep_for(kPollSleep);
-      }
-      idle = true;
-    });
+    quietly([&] { idle = stream_done(stream_, Clock::now() + kWaitMargin, kPollSleep); });
     if (!idle || abandoned_) return;
     if (pinned_) quietly([&] { DDP_CUDA_CHECK(cudaFreeHost(pinned_)); });
     quietly([&] { DDP_CUDA_CHECK(cudaStreamDestroy(stream_)); });
@@ -232,14 +223,8 @@ class StagedMpiCommunicator final : public cuda_util::HostCollectives {
 
   void synchronize(cudaStream_t stream, const std::string& what) override {
     const milliseconds limit = timeout();
-    const auto deadline = Clock::now() + bounded(limit);
-    for (;;) {
-      const cudaError_t e = cudaStreamQuery(stream);
-      if (e == cudaSuccess) return;
-      if (e != cudaErrorNotReady) DDP_CUDA_CHECK(e);
-      if (Clock::now() >= deadline) throw Error(timeout_message(detail::concat(what, " (mpi)"), limit));
-      std::this_thread::sleep_for(kPollSleep);
-    }
+    if (!stream_done(stream, Clock::now() + bounded(limit), kPollSleep))
+      throw Error(timeout_message(detail::concat(what, " (mpi)"), limit));
   }
 
  private:
@@ -347,16 +332,11 @@ class StagedMpiCommunicator final : public cuda_util::HostCollectives {
   // The staging stream is done, bounded by the job's timeout; the caller's
   // compute feeds it (the copy waits for `ready`), so a stuck GPU ends here.
   void wait_stream(const Job& job, const char* step) {
-    const auto deadline = Clock::now() + bounded(job.timeout);
-    for (;;) {
-      const cudaError_t e = cudaStreamQuery(stream_);
-      if (e == cudaSuccess) return;
-      if (e != cudaErrorNotReady) DDP_CUDA_CHECK(e);
+    const auto stop_check = [this] {
       if (stopping()) throw Stopped{};
-      if (Clock::now() >= deadline)
-        throw Error(timeout_message(detail::concat(job.desc, ": ", step), job.timeout));
-      std::this_thread::sleep_for(kPollSleep);
-    }
+    };
+    if (!stream_done(stream_, Clock::now() + bounded(job.timeout), kPollSleep, stop_check))
+      throw Error(timeout_message(detail::concat(job.desc, ": ", step), job.timeout));
   }
 
   bool stopping() {
