@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <memory>
 
 #include "gpu_test_support.hpp"  // GpuRank, the shared checks
 
@@ -15,56 +16,50 @@ using test::GpuRank;
 
 constexpr std::chrono::seconds kInitTimeout{120};
 
-TEST(GpuNccl, AllReducesSumAndMeanExactly) {
-  if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  if (auto why = test::nccl_unfit_reason(test::gpu_world()); !why.empty()) GTEST_SKIP() << why;
-  GpuRank g;
-  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout, g.host());
-  EXPECT_STREQ(comm->backend(), "nccl");
-  EXPECT_EQ(comm->rank(), g.world.rank);
-  EXPECT_EQ(comm->size(), g.world.size);
-  test::check_sizes(*comm, g.ctx);
+// Skipped unless every rank has a GPU of its own; else this rank's GPU and an
+// nccl communicator over the world.
+class GpuNccl : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    if (auto why = test::nccl_unfit_reason(test::gpu_world()); !why.empty()) GTEST_SKIP() << why;
+    g_ = std::make_unique<GpuRank>();
+    comm_ = comm::make_nccl_communicator(g_->world, g_->ctx, kInitTimeout, g_->host());
+  }
+  std::unique_ptr<GpuRank> g_;
+  std::unique_ptr<comm::DeviceCommunicator> comm_;  // destroyed before g_'s context
+};
+
+TEST_F(GpuNccl, AllReducesSumAndMeanExactly) {
+  EXPECT_STREQ(comm_->backend(), "nccl");
+  EXPECT_EQ(comm_->rank(), g_->world.rank);
+  EXPECT_EQ(comm_->size(), g_->world.size);
+  test::check_sizes(*comm_, g_->ctx);
 }
 
-TEST(GpuNccl, SeveralInFlightCompleteInIssueOrder) {
-  if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  if (auto why = test::nccl_unfit_reason(test::gpu_world()); !why.empty()) GTEST_SKIP() << why;
-  GpuRank g;
-  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout, g.host());
-  test::check_in_flight(*comm, g.ctx);
+TEST_F(GpuNccl, SeveralInFlightCompleteInIssueOrder) {
+  test::check_in_flight(*comm_, g_->ctx);
 }
 
-TEST(GpuNccl, ReducerAveragesDeviceGradients) {
-  if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  if (auto why = test::nccl_unfit_reason(test::gpu_world()); !why.empty()) GTEST_SKIP() << why;
-  GpuRank g;
-  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout, g.host());
-  test::check_reducer(*comm, g.ctx);
+TEST_F(GpuNccl, ReducerAveragesDeviceGradients) {
+  test::check_reducer(*comm_, g_->ctx);
 }
 
-TEST(GpuNccl, HostCollectivesGoThroughMpi) {
-  if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  if (auto why = test::nccl_unfit_reason(test::gpu_world()); !why.empty()) GTEST_SKIP() << why;
-  GpuRank g;
-  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout, g.host());
-  test::check_host_collectives(*comm);
+TEST_F(GpuNccl, HostCollectivesGoThroughMpi) {
+  test::check_host_collectives(*comm_);
 }
 
-TEST(GpuNccl, SynchronizeReturnsWhenStreamsAreDone) {
-  if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  if (auto why = test::nccl_unfit_reason(test::gpu_world()); !why.empty()) GTEST_SKIP() << why;
-  GpuRank g;
-  auto comm = comm::make_nccl_communicator(g.world, g.ctx, kInitTimeout, g.host());
-  comm->synchronize(g.ctx.compute(), "test: idle compute stream");
-  cuda::DeviceBuffer buf(g.ctx, 4096);
-  test::upload(g.ctx, buf.data(), test::rank_data(comm->rank(), 4096));
-  auto w = comm->allreduce_async(buf.data(), 4096, comm::ReduceOp::Sum, "test all-reduce");
+TEST_F(GpuNccl, SynchronizeReturnsWhenStreamsAreDone) {
+  comm_->synchronize(g_->ctx.compute(), "test: idle compute stream");
+  cuda::DeviceBuffer buf(g_->ctx, 4096);
+  test::upload(g_->ctx, buf.data(), test::rank_data(comm_->rank(), 4096));
+  auto w = comm_->allreduce_async(buf.data(), 4096, comm::ReduceOp::Sum, "test all-reduce");
   // The comm stream holds the collective itself: synchronising it completes it.
-  comm->synchronize(g.ctx.comm(), "test: comm stream");
+  comm_->synchronize(g_->ctx.comm(), "test: comm stream");
   EXPECT_TRUE(w->done());
   w->wait();
-  comm->synchronize(g.ctx.compute(), "test: compute stream");
-  EXPECT_EQ(test::count_wrong(test::download(g.ctx, buf.data(), 4096), comm->size(),
+  comm_->synchronize(g_->ctx.compute(), "test: compute stream");
+  EXPECT_EQ(test::count_wrong(test::download(g_->ctx, buf.data(), 4096), comm_->size(),
                               comm::ReduceOp::Sum),
             0u);
 }

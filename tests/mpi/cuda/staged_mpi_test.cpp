@@ -3,6 +3,8 @@
 // all-reduces in flight at once on its staging thread.
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include "gpu_test_support.hpp"  // GpuRank, the shared checks
 
 namespace ddp {
@@ -10,54 +12,58 @@ namespace {
 
 using test::GpuRank;
 
-TEST(GpuStagedMpi, AllReducesSumAndMeanExactly) {
-  if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  GpuRank g;
-  auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx, g.host());
+// Skipped without a GPU; else this rank's GPU (shared with the node's other
+// ranks).
+class GpuStagedMpi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    g_ = std::make_unique<GpuRank>();
+  }
+  std::unique_ptr<comm::DeviceCommunicator> make_comm() {
+    return comm::make_staged_mpi_communicator(g_->world, g_->ctx, g_->host());
+  }
+  std::unique_ptr<GpuRank> g_;
+};
+
+TEST_F(GpuStagedMpi, AllReducesSumAndMeanExactly) {
+  auto comm = make_comm();
   EXPECT_STREQ(comm->backend(), "mpi");
-  EXPECT_EQ(comm->rank(), g.world.rank);
-  EXPECT_EQ(comm->size(), g.world.size);
-  test::check_sizes(*comm, g.ctx);
+  EXPECT_EQ(comm->rank(), g_->world.rank);
+  EXPECT_EQ(comm->size(), g_->world.size);
+  test::check_sizes(*comm, g_->ctx);
 }
 
-TEST(GpuStagedMpi, SeveralInFlightCompleteInIssueOrder) {
-  if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  GpuRank g;
-  auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx, g.host());
-  test::check_in_flight(*comm, g.ctx);
+TEST_F(GpuStagedMpi, SeveralInFlightCompleteInIssueOrder) {
+  auto comm = make_comm();
+  test::check_in_flight(*comm, g_->ctx);
 }
 
-TEST(GpuStagedMpi, ReducerAveragesDeviceGradients) {
-  if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  GpuRank g;
-  auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx, g.host());
-  test::check_reducer(*comm, g.ctx);
+TEST_F(GpuStagedMpi, ReducerAveragesDeviceGradients) {
+  auto comm = make_comm();
+  test::check_reducer(*comm, g_->ctx);
 }
 
-TEST(GpuStagedMpi, HostCollectivesAndSynchronize) {
-  if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  GpuRank g;
-  auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx, g.host());
+TEST_F(GpuStagedMpi, HostCollectivesAndSynchronize) {
+  auto comm = make_comm();
   test::check_host_collectives(*comm);
-  comm->synchronize(g.ctx.compute(), "test: idle compute stream");
+  comm->synchronize(g_->ctx.compute(), "test: idle compute stream");
 }
 
 // A Work may outlive its communicator (a reducer torn down after it): it
 // keeps what it needs, and destroying the communicator ends its threads.
-TEST(GpuStagedMpi, WorkOutlivesTheCommunicator) {
-  if (ddp::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  GpuRank g;
-  cuda::DeviceBuffer buf(g.ctx, 1000);
-  test::upload(g.ctx, buf.data(), test::rank_data(g.world.rank, 1000));
+TEST_F(GpuStagedMpi, WorkOutlivesTheCommunicator) {
+  cuda::DeviceBuffer buf(g_->ctx, 1000);
+  test::upload(g_->ctx, buf.data(), test::rank_data(g_->world.rank, 1000));
   std::shared_ptr<comm::Work> w;
   {
-    auto comm = comm::make_staged_mpi_communicator(g.world, g.ctx, g.host());
+    auto comm = make_comm();
     comm->barrier("test: every rank has its communicator");
     w = comm->allreduce_async(buf.data(), 1000, comm::ReduceOp::Sum, "test all-reduce");
     w->wait();  // complete on every rank: none abandons a collective its peers finish
   }
   EXPECT_TRUE(w->done());
-  g.ctx.sync();
+  g_->ctx.sync();
 }
 
 }  // namespace
