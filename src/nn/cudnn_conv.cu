@@ -7,17 +7,16 @@
 // which would break the 1e-4 agreement with the CPU layers. The cuBLAS handle is
 // pinned to fp32 the same way (CUBLAS_PEDANTIC_MATH, cuda_context.cu).
 //
-// Note [conv algorithms]: cuDNN's heuristics (the _v7 queries) rank the
-// algorithms for a geometry without running any; we take the first one that
-// works, is not a tensor-op one and needs at most kMaxWorkspace bytes of
-// scratch. Once per batch size (a run sees few: the training batch, a last
-// partial batch), so steady-state steps never ask again.
+// The algorithms: Note [conv algorithms] (nn/conv_algo.hpp), once per batch
+// size (a run sees few: the training batch, a last partial batch), so
+// steady-state steps never ask again.
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "cuda_layers.hpp"
-#include "ddp/core/error.hpp"           // DDP_CHECK, DDP_FAIL, ddp::Error
+#include "ddp/core/error.hpp"           // DDP_CHECK, DDP_FAIL, ddp::Error, detail::concat
+#include "ddp/nn/conv_algo.hpp"         // choose_conv_algo: Note [conv algorithms]
 #include "ddp/runtime/cuda_check.hpp"   // DDP_CUDNN_CHECK
 
 namespace ddp::nn {
@@ -26,17 +25,29 @@ namespace {
 
 constexpr size_t kMaxWorkspace = size_t(512) << 20;
 
-// The algorithm to run (Note [conv algorithms]).
+// The algorithm to run (Note [conv algorithms]); the fallback to a
+// non-deterministic one is said once per rank.
 template <typename Perf>
-const Perf& pick(const std::vector<Perf>& perf, int count, const char* what) {
-  for (int i = 0; i < count; ++i) {
-    const Perf& p = perf[size_t(i)];
-    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kMaxWorkspace) continue;
-    if (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) continue;
-    return p;
+const Perf& pick(cuda::Context& ctx, const std::string& layer, const std::vector<Perf>& perf, int count,
+                 const char* what) {
+  std::vector<ConvAlgoCandidate> ranked(size_t(std::max(count, 0)));
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const Perf& p = perf[i];
+    ranked[i].usable = p.status == CUDNN_STATUS_SUCCESS && p.memory <= kMaxWorkspace &&
+                       p.mathType != CUDNN_TENSOR_OP_MATH && p.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    ranked[i].deterministic = p.determinism == CUDNN_DETERMINISTIC;
   }
-  DDP_FAIL("cuDNN offers no fp32 ", what, " algorithm within ", kMaxWorkspace >> 20,
-           " MiB of workspace for this geometry (", count, " candidates)");
+  const ConvAlgoChoice choice = choose_conv_algo(ranked);
+  if (choice.index < 0)
+    DDP_FAIL("cuDNN offers no fp32 ", what, " algorithm within ", kMaxWorkspace >> 20,
+             " MiB of workspace for this geometry (", count, " candidates)");
+  const Perf& p = perf[size_t(choice.index)];
+  if (!choice.deterministic)
+    ctx.warn_once("cudnn-nondeterministic",
+                  detail::concat("layer ", layer, ": cuDNN has no deterministic ", what,
+                                 " algorithm for this geometry; running algorithm ", int(p.algo),
+                                 ", so repeated and resumed runs may differ in the last bits"));
+  return p;
 }
 
 }  // namespace
@@ -107,7 +118,7 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(size_t(std::max(max_count, 1)));
   DDP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(dnn, p->x, w_desc_, conv_desc_, p->y, int(fwd.size()),
                                                          &count, fwd.data()));
-  p->fwd = pick(fwd, count, "forward").algo;
+  p->fwd = pick(ctx, layer_, fwd, count, "forward").algo;
   DDP_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(dnn, p->x, w_desc_, conv_desc_, p->y, p->fwd,
                                                           &p->fwd_bytes));
 
@@ -115,7 +126,7 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data(size_t(std::max(max_count, 1)));
   DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn, w_desc_, p->y, conv_desc_, p->x,
                                                               int(bwd_data.size()), &count, bwd_data.data()));
-  p->bwd_data = pick(bwd_data, count, "backward-data").algo;
+  p->bwd_data = pick(ctx, layer_, bwd_data, count, "backward-data").algo;
   DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn, w_desc_, p->y, conv_desc_, p->x, p->bwd_data,
                                                                &p->bwd_data_bytes));
 
@@ -123,7 +134,7 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter(size_t(std::max(max_count, 1)));
   DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn, p->x, p->y, conv_desc_, w_desc_,
                                                                 int(bwd_filter.size()), &count, bwd_filter.data()));
-  p->bwd_filter = pick(bwd_filter, count, "backward-filter").algo;
+  p->bwd_filter = pick(ctx, layer_, bwd_filter, count, "backward-filter").algo;
   DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn, p->x, p->y, conv_desc_, w_desc_,
                                                                  p->bwd_filter, &p->bwd_filter_bytes));
 

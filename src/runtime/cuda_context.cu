@@ -1,6 +1,7 @@
 // Devices, streams, handles and stream-ordered memory (runtime/cuda_context.hpp).
 #include "ddp/runtime/cuda_context.hpp"
 
+#include <iostream>
 #include <utility>
 
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK, DDP_CUBLAS_CHECK, DDP_CUDNN_CHECK
@@ -102,6 +103,10 @@ void Context::free(void* p) {
 }
 
 void Context::sync() { DDP_CUDA_CHECK(cudaStreamSynchronize(compute_)); }
+
+void Context::warn_once(const std::string& key, const std::string& what) {
+  if (warned_.insert(key).second) std::cerr << "ddp_train: warning: " << what << "\n" << std::flush;
+}
 
 DeviceBuffer::DeviceBuffer(Context& ctx, size_t count) { reserve(ctx, count); }
 

@@ -15,6 +15,7 @@
 #include <cudnn.h>
 
 #include <cstddef>
+#include <set>
 #include <string>
 
 namespace ddp::cuda {
@@ -61,6 +62,10 @@ class Context {
   // Blocks until the compute stream has finished what was issued so far.
   void sync();
 
+  // "ddp_train: warning: <what>" on stderr, the first time this rank's
+  // context is given `key`; later calls with the same key say nothing.
+  void warn_once(const std::string& key, const std::string& what);
+
  private:
   int device_;
   cudaStream_t compute_ = nullptr, copy_ = nullptr, comm_ = nullptr;
@@ -68,6 +73,7 @@ class Context {
   cudnnHandle_t dnn_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  std::set<std::string> warned_;
 };
 
 // A device buffer of floats from a Context's pool, released on destruction.
