@@ -104,18 +104,15 @@ double test_acc(int np, const std::string& args) {
   return s.is_null() ? -1 : s["test_acc"].get<double>();
 }
 
-TEST_F(GpuTraining, NcclOneRankLearnsLikeTheCpu) {
-  const double gpu = test_acc(1, kRecipe + " --device cuda --backend nccl");
-  const double cpu = test_acc(1, kRecipe + " --device cpu");
-  EXPECT_GE(gpu, 0.70);
-  EXPECT_NEAR(gpu, cpu, 0.03) << "GPU " << gpu << " vs CPU " << cpu;
+// The GPU clears the bar the CPU clears (D2lRecipe). Not "within x of the
+// CPU's accuracy": other summation orders alone move the CPU's own result
+// over 0.75-0.79 (D2lRecipe's note), and a GPU is one more such order.
+TEST_F(GpuTraining, NcclOneRankLearnsTheD2lRecipe) {
+  EXPECT_GE(test_acc(1, kRecipe + " --device cuda --backend nccl"), 0.70);
 }
 
-TEST_F(GpuTraining, MpiFourRanksSharingGpusLearnLikeTheCpu) {
-  const double gpu = test_acc(4, kRecipe + " --device cuda --backend mpi");
-  const double cpu = test_acc(4, kRecipe + " --device cpu");
-  EXPECT_GE(gpu, 0.70);
-  EXPECT_NEAR(gpu, cpu, 0.03) << "GPU " << gpu << " vs CPU " << cpu;
+TEST_F(GpuTraining, MpiFourRanksSharingGpusLearnTheD2lRecipe) {
+  EXPECT_GE(test_acc(4, kRecipe + " --device cuda --backend mpi"), 0.70);
 }
 
 // Ten steps from the same start: the GPU's parameters follow the CPU's.

@@ -47,6 +47,10 @@ TEST(Training, SummaryMetricsAndStartupTable) {
   remove_tree(dir);
 }
 
+// A recipe with margin: test accuracy 0.99-1.0 for seeds 0-5 with OpenBLAS's
+// default and Haswell kernels, with and without nn/simd.hpp's AVX-512 path,
+// at np 2 (and 4, netns_two_hosts), so last-bit differences between CPUs
+// cannot decide it.
 TEST(Training, LearnsTheSyntheticDataset) {
   auto r = run_ddp_train(2, "--synthetic 3000 --epochs 4 --batch-size 32 --lr 0.03 --momentum 0.9 --quiet");
   ASSERT_EQ(r.status, 0) << r.err;
@@ -57,10 +61,18 @@ TEST(Training, LearnsTheSyntheticDataset) {
 
 // DESIGN.md's global-step property: with the same global batch and seed, one
 // rank and four ranks see the same samples at every step and average the same
-// gradients, so they end with the same parameters (up to float summation order).
+// gradients, so they follow the same trajectory up to float summation order.
+// That order differs (per-rank sums, then the all-reduce), and training
+// amplifies the last bits (a ReLU that flips, the N(0, 0.01) plateau's exit),
+// so the comparison is over one epoch (18 steps): 60 pairs there (seeds 0-9;
+// OpenBLAS's default, Haswell and SkylakeX kernels; nn/simd.hpp's AVX-512
+// path on and compiled out) differed by 3e-7 to 9.3e-5. Another seed differs
+// by ~1, other samples too, and a 0.1% larger learning rate by 7e-3, so 1e-3 tells
+// a real difference from rounding with margin on both sides. (README,
+// "Agreement across world sizes", has the longer horizons.)
 TEST(Training, FourRanksEqualOneRank) {
   const std::string dir = make_temp_dir();
-  const std::string args = " --synthetic 1200 --epochs 2 --batch-size 64 --lr 0.1 --momentum 0.9 --seed 7 --quiet";
+  const std::string args = " --synthetic 1200 --epochs 1 --batch-size 64 --lr 0.1 --momentum 0.9 --seed 7 --quiet";
   auto r1 = run_ddp_train(1, args + " --output-model " + dir + "/np1.safetensors");
   ASSERT_EQ(r1.status, 0) << r1.err;
   auto r4 = run_ddp_train(4, args + " --bucket-cap-mb 0.05 --output-model " + dir + "/np4.safetensors");
@@ -68,12 +80,12 @@ TEST(Training, FourRanksEqualOneRank) {
   const auto a = checkpoint::read_safetensors(dir + "/np1.safetensors");
   const auto b = checkpoint::read_safetensors(dir + "/np4.safetensors");
   ASSERT_FALSE(a.tensors.empty());
-  EXPECT_LE(max_rel_diff(a, b), 1e-4);
+  EXPECT_LE(max_rel_diff(a, b), 1e-3);
   // And a different seed really gives different parameters: the check can fail.
-  auto r5 = run_ddp_train(1, " --synthetic 1200 --epochs 2 --batch-size 64 --lr 0.1 --momentum 0.9 --seed 8 --quiet"
+  auto r5 = run_ddp_train(1, " --synthetic 1200 --epochs 1 --batch-size 64 --lr 0.1 --momentum 0.9 --seed 8 --quiet"
                              " --output-model " + dir + "/other.safetensors");
   ASSERT_EQ(r5.status, 0) << r5.err;
-  EXPECT_GT(max_rel_diff(a, checkpoint::read_safetensors(dir + "/other.safetensors")), 1e-2);
+  EXPECT_GT(max_rel_diff(a, checkpoint::read_safetensors(dir + "/other.safetensors")), 1e-1);
   remove_tree(dir);
 }
 
@@ -92,7 +104,9 @@ TEST(Training, OverlapAndDeferredCommunicationAgree) {
 
 // d2l's recipe on real Fashion-MNIST images (the 3000-image subset needs more
 // epochs than the full set to leave the plateau of the N(0, 0.01) start), at
-// every world size the issue names.
+// every world size the issue names. Plain SGD at lr 0.2 has margin: seeds 0-2
+// at np 1, 2 and 4, with the default kernels and with OpenBLAS's Haswell ones
+// and nn/simd.hpp's AVX-512 path compiled out, ended at 0.75-0.79.
 class D2lRecipe : public ::testing::TestWithParam<int> {};
 
 TEST_P(D2lRecipe, LearnsRealFashionMnist) {

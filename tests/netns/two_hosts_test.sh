@@ -20,9 +20,14 @@ netns_require
 
 netns_test_begin
 
-# Trains for real (test accuracy ~0.97 after 3 epochs), in several buckets so
-# that all-reduces overlap backward across the hosts as well.
-args=(--synthetic 2400 --epochs 3 --batch-size 64 --lr 0.2 --momentum 0.9 --seed 7 --bucket-cap-mb 0.2 --quiet)
+# What this test is about is the bitwise equality below. The runs also train
+# for real, in several buckets so that all-reduces overlap backward across the
+# hosts, on a recipe with margin (Training.LearnsTheSyntheticDataset's): test
+# accuracy 0.99-1.0 for seeds 0-3 and 7 at np 2 and 4, with OpenBLAS's
+# Haswell and SkylakeX kernels and with nn/simd.hpp's AVX-512 path compiled
+# out; the check below asks for 0.9, so no last-bit difference between CPUs
+# decides it.
+args=(--synthetic 3000 --epochs 4 --batch-size 32 --lr 0.03 --momentum 0.9 --seed 7 --bucket-cap-mb 0.2 --quiet)
 rx_bytes() { ip netns exec "$NETNS_A" cat /sys/class/net/veth0/statistics/rx_bytes; }
 
 # 2 hosts x 2 ranks.
@@ -56,16 +61,16 @@ expected="0 $NETNS_A 0/2"$'\n'"1 $NETNS_A 1/2"$'\n'"2 $NETNS_B 0/2"$'\n'"3 $NETN
 for run in two one; do
   acc=$(sed -n 's/.*"event":"summary".*"test_acc":\([0-9.]*\).*/\1/p' "$work/$run.out")
   echo "$run: test_acc $acc"
-  awk -v a="$acc" 'BEGIN {exit !(a > 0.5)}' || fail "the $run run did not learn (test_acc '$acc')"
+  awk -v a="$acc" 'BEGIN {exit !(a >= 0.9)}' || fail "the $run run did not learn (test_acc '$acc')"
 done
 if grep -q "ddp_train: warning" "$work/two.err" "$work/one.err"; then
   fail "a run with distinct hostnames printed a warning"
 fi
 
 # The all-reduces crossed the veth pair: at least one 516 KB bucket per step
-# (37 steps x 3 epochs) came in on host A's side.
+# (93 steps x 4 epochs) came in on host A's side.
 echo "veth rx on host A during the 2-host run: $rx bytes"
-((rx > 20000000)) || fail "only $rx bytes crossed the veth pair: the ranks did not talk over TCP between the hosts"
+((rx > 50000000)) || fail "only $rx bytes crossed the veth pair: the ranks did not talk over TCP between the hosts"
 
 if cmp -s "$work/two.safetensors" "$work/one.safetensors"; then
   echo "PASS: 2 hosts x 2 ranks over TCP and 1 host x 4 ranks end with bitwise the same parameters ($(stat -c %s "$work/one.safetensors") bytes)"
