@@ -15,7 +15,6 @@
 #include "ddp/data/dataset.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <utility>
@@ -56,6 +55,23 @@ constexpr Shape kShapes[kClasses] = {
 
 float uniform(Rng& rng, float lo, float hi) { return lo + (hi - lo) * rng.uniform(); }
 
+// Note [same bytes everywhere]: the dataset must come out bit for bit the
+// same in every build type and on every CPU, because resuming checks it by
+// CRC. So this file uses IEEE arithmetic only: no libm (whose cos and sin may
+// take another code path on another CPU) and no contraction of a * b + c into
+// one fused multiply-add (CMakeLists.txt compiles it with -ffp-contract=off,
+// which optimised builds would otherwise do and debug builds not).
+// cos and sin of |a| <= 0.2 by their Taylor series to a^10 (error < 1e-14),
+// in double, rounded once.
+float small_angle_cos(float a) {
+  const double x = a, x2 = x * x;
+  return float(1.0 - x2 / 2.0 * (1.0 - x2 / 12.0 * (1.0 - x2 / 30.0 * (1.0 - x2 / 56.0 * (1.0 - x2 / 90.0)))));
+}
+float small_angle_sin(float a) {
+  const double x = a, x2 = x * x;
+  return float(x * (1.0 - x2 / 6.0 * (1.0 - x2 / 20.0 * (1.0 - x2 / 42.0 * (1.0 - x2 / 72.0)))));
+}
+
 // Squared distance from (px, py) to the segment a + t (b - a), t in [0, 1].
 float seg_dist2(float px, float py, float ax, float ay, float dx, float dy, float inv_len2) {
   const float qx = px - ax, qy = py - ay;
@@ -74,7 +90,7 @@ void draw(int c, Rng& rng, float* out) {
   const float amp = uniform(rng, 0.8f, 1.0f);
   const float noise = uniform(rng, 0.0f, 0.1f);
 
-  const float cs = std::cos(angle) * scale, sn = std::sin(angle) * scale;
+  const float cs = small_angle_cos(angle) * scale, sn = small_angle_sin(angle) * scale;
   const Shape& shape = kShapes[c];
   // Segments in pixel coordinates, as origin, direction and 1 / length^2.
   float ax[kMaxSegs], ay[kMaxSegs], dx[kMaxSegs], dy[kMaxSegs], il[kMaxSegs];

@@ -108,6 +108,18 @@ TEST(Synthetic, ClassesDifferInTheirAverageImage) {
   EXPECT_GT(double(correct) / double(s.test.n), 0.3);
 }
 
+// Note [same bytes everywhere] (synthetic.cpp): a resumed run recognises its
+// dataset by CRC, so the generator must give these very bytes in Debug and
+// Release builds and on every CPU. The CRC covers the training labels (int32)
+// and images (float), as the resume check hashes them.
+TEST(Synthetic, SameBytesInEveryBuildAndOnEveryCpu) {
+  const Split s = make_synthetic(1000, 1);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(s.train.labels.data()), uInt(s.train.labels.size() * 4));
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(s.train.images.data()), uInt(s.train.images.size() * 4));
+  EXPECT_EQ(crc, 0x76dcb507ul) << std::hex << "crc32 " << crc;
+}
+
 TEST(Synthetic, SixtyThousandImagesAreQuick) {
   const auto t0 = std::chrono::steady_clock::now();
   const Split s = make_synthetic(60000, 1);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -63,6 +64,35 @@ inline std::vector<uint8_t> gzip(const std::vector<uint8_t>& bytes) {
   out.resize(z.total_out);
   deflateEnd(&z);
   return out;
+}
+
+// A gzip file holding `prefix` and then `zeros` zero bytes, deflated as it is
+// written (a gigabyte of zeros takes about a megabyte and a second).
+inline void write_gzip_with_zeros(const std::string& path, const std::vector<uint8_t>& prefix, uint64_t zeros) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << path;
+  z_stream z{};
+  ASSERT_EQ(deflateInit2(&z, 9, Z_DEFLATED, 15 + 16, 9, Z_DEFAULT_STRATEGY), Z_OK);
+  std::vector<uint8_t> zero(size_t(1) << 20, 0), out(size_t(1) << 16);
+  auto pump = [&](const uint8_t* p, size_t n, int flush) {
+    z.next_in = const_cast<uint8_t*>(p);
+    z.avail_in = uInt(n);
+    do {
+      z.next_out = out.data();
+      z.avail_out = uInt(out.size());
+      deflate(&z, flush);
+      std::fwrite(out.data(), 1, out.size() - z.avail_out, f);
+    } while (z.avail_out == 0);
+  };
+  pump(prefix.data(), prefix.size(), Z_NO_FLUSH);
+  for (uint64_t left = zeros; left > 0;) {
+    const size_t n = size_t(std::min<uint64_t>(left, zero.size()));
+    pump(zero.data(), n, Z_NO_FLUSH);
+    left -= n;
+  }
+  pump(nullptr, 0, Z_FINISH);
+  deflateEnd(&z);
+  std::fclose(f);
 }
 
 // The decompressed bytes of a gzip (or raw) file.
