@@ -14,17 +14,29 @@ namespace ddp::cli {
 
 namespace {
 
+// Accepted ranges of the numeric flags (README's flag table says the same).
+constexpr int64_t kMaxSynthetic = 10'000'000;  // 31 GB of float images
+constexpr int kMaxEpochs = 1'000'000;
+constexpr int kMaxBatch = 1 << 20;
+constexpr int kMaxBucketCapMb = 1 << 20;         // 1 TiB
+constexpr double kMinTimeoutSec = 0.001;         // 1 ms
+constexpr int64_t kMaxTimeoutSec = 365 * 86400;  // a year: its milliseconds fit an int64 with room
+
 void validate(const train::Config& c, int world_size) {
   auto usage = [](bool ok, auto&&... parts) {
     if (!ok) throw UsageError(detail::concat(parts...));
+  };
+  // lo <= v <= hi; false for NaN.
+  auto range = [&](const char* flag, auto v, auto lo, auto hi, const char* unit = "") {
+    usage(v >= lo && v <= hi, "--", flag, " ", v, " is out of range: it must be from ", lo, " to ", hi, unit);
   };
   const auto models = nn::known_models();
   std::string known;
   for (const auto& m : models) known += (known.empty() ? "" : ", ") + m;
   usage(std::find(models.begin(), models.end(), c.model) != models.end(), "unknown model '", c.model,
         "' (--model; known: ", known, ")");
-  usage(c.epochs >= 1, "--epochs must be at least 1, got ", c.epochs);
-  usage(c.batch_size >= 1, "--batch-size must be at least 1, got ", c.batch_size);
+  range("epochs", c.epochs, 1, kMaxEpochs);
+  range("batch-size", c.batch_size, 1, kMaxBatch);
   usage(c.batch_size % world_size == 0, "--batch-size ", c.batch_size,
         " is the global batch and must be divisible by the world size ", world_size, " (",
         c.batch_size, " % ", world_size, " = ", c.batch_size % world_size, ")");
@@ -34,19 +46,18 @@ void validate(const train::Config& c, int world_size) {
   usage(!c.nesterov || c.momentum > 0, "--nesterov needs --momentum > 0");
   usage(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "--weight-decay must be >= 0, got ",
         c.weight_decay);
-  usage(std::isfinite(c.bucket_cap_mb) && c.bucket_cap_mb > 0, "--bucket-cap-mb must be positive, got ",
-        c.bucket_cap_mb);
-  usage(std::isfinite(c.timeout_sec) && c.timeout_sec > 0, "--timeout must be positive, got ", c.timeout_sec);
-  usage(std::isfinite(c.preflight_timeout_sec) && c.preflight_timeout_sec > 0,
-        "--preflight-timeout must be positive, got ", c.preflight_timeout_sec);
-  usage(c.synthetic >= 0, "--synthetic must be >= 0, got ", c.synthetic);
+  usage(c.bucket_cap_mb > 0 && c.bucket_cap_mb <= kMaxBucketCapMb, "--bucket-cap-mb ", c.bucket_cap_mb,
+        " is out of range: it must be more than 0 and at most ", kMaxBucketCapMb, " (MiB)");
+  range("timeout", c.timeout_sec, kMinTimeoutSec, kMaxTimeoutSec, " seconds");
+  range("preflight-timeout", c.preflight_timeout_sec, kMinTimeoutSec, kMaxTimeoutSec, " seconds");
+  range("synthetic", c.synthetic, int64_t(0), kMaxSynthetic, " images (0: the default)");
   usage(c.data_dir.empty() || c.synthetic == 0, "--data-dir and --synthetic are exclusive: name one dataset");
   usage(c.device == "auto" || c.device == "cpu" || c.device == "cuda", "--device must be auto, cpu or cuda, got '",
         c.device, "'");
   usage(c.backend == "auto" || c.backend == "mpi" || c.backend == "nccl",
         "--backend must be auto, mpi or nccl, got '", c.backend, "'");
-  usage(c.checkpoint_every >= 0, "--checkpoint-every must be >= 0, got ", c.checkpoint_every);
-  usage(c.keep_checkpoints >= 1, "--keep-checkpoints must be at least 1, got ", c.keep_checkpoints);
+  range("checkpoint-every", c.checkpoint_every, int64_t(0), std::numeric_limits<int64_t>::max());
+  range("keep-checkpoints", c.keep_checkpoints, 1, std::numeric_limits<int>::max());
   usage(c.checkpoint_every == 0 || !c.checkpoint_dir.empty(), "--checkpoint-every needs --checkpoint-dir");
   usage(c.resume != "auto" || !c.checkpoint_dir.empty(),
         "--resume auto looks in --checkpoint-dir, which is not given");

@@ -1,10 +1,10 @@
-// The start-up preflight: --preflight-timeout, the error that names the likely
-// causes when ranks cannot all reach each other in time, and the hostname
-// check staying quiet on one host. (Two fake hosts, an unreachable one and
-// duplicate hostnames across nodes: tests/netns/.)
+// The start-up preflight: --preflight-timeout and the hostname check staying
+// quiet on one host. (The error that names the likely causes when ranks
+// cannot all reach each other in time: Timeout.ReachabilityCheck* in
+// tests/mpi/ddp; two fake hosts, an unreachable one and duplicate hostnames
+// across nodes: tests/netns/.)
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <string>
 
 #include "run_process.hpp"
@@ -17,7 +17,9 @@ bool has(const std::string& text, const std::string& needle) { return text.find(
 TEST(Preflight, BadTimeoutIsAUsageError) {
   auto zero = run_ddp_train(2, "--synthetic 600 --epochs 1 --preflight-timeout 0");
   EXPECT_NE(zero.status, 0);
-  EXPECT_TRUE(has(zero.err, "ddp_train: error: --preflight-timeout must be positive, got 0")) << zero.err;
+  EXPECT_TRUE(has(zero.err, "ddp_train: error: --preflight-timeout 0 is out of range: it must be from 0.001 to "
+                            "31536000 seconds"))
+      << zero.err;
   auto word = run_ddp_train(2, "--synthetic 600 --epochs 1 --preflight-timeout soon");
   EXPECT_NE(word.status, 0);
   EXPECT_TRUE(has(word.err, "--preflight-timeout: 'soon' is not a number")) << word.err;
@@ -37,23 +39,6 @@ TEST(Preflight, PassesQuietlyOnOneHost) {
   EXPECT_TRUE(has(r.out, "\"event\":\"summary\"")) << r.out;
   EXPECT_FALSE(has(r.err, "ddp_train: warning")) << r.err;
   EXPECT_FALSE(has(r.err, "ddp_train: error")) << r.err;
-}
-
-// A bound too short for any all-reduce (0.1 ms, rounded down to 0): the rank
-// that enters the check first cannot have its peers' data at its first test,
-// so it gives up at once. What it says is the error a user with an
-// unreachable node sees: the likely causes, and the flag to change.
-TEST(Preflight, TimeoutNamesTheLikelyCauses) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto r = run_ddp_train(4, "--synthetic 1200 --batch-size 64 --epochs 1 --quiet --preflight-timeout 0.0001");
-  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_NE(r.status, 0) << r.out;
-  EXPECT_LT(sec, 60.0);
-  EXPECT_TRUE(has(r.err, "ddp_train: error: ranks cannot reach each other")) << r.err;
-  for (const char* needle : {"--preflight-timeout", "firewall", "btl_tcp_if_include", "oob_tcp_if_include",
-                             "NCCL_SOCKET_IFNAME", "NCCL_P2P_DISABLE", "died or never started", "(rank "})
-    EXPECT_TRUE(has(r.err, needle)) << "stderr lacks '" << needle << "':\n" << r.err;
-  EXPECT_FALSE(has(r.out, "\"event\":\"summary\"")) << "a failed run printed a summary";
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "ddp/comm/communicator.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/ddp/reducer.hpp"
+#include "ddp/runtime/world.hpp"  // check_reachable
 #include "test_world.hpp"
 
 namespace ddp {
@@ -31,6 +32,28 @@ void others_join_late(const std::function<void()>& join) {
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank != 0) join();
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// The start-up reachability check (check_reachable, before anything else
+// crosses between nodes): a rank that does not join within the bound makes
+// the one waiting fail with the likely causes and the flag to change; the
+// others join late and the check completes for them.
+TEST(Timeout, ReachabilityCheckThatAPeerMissesNamesTheLikelyCauses) {
+  World w = test_world();
+  if (w.size < 2) GTEST_SKIP() << "needs two ranks";
+  MPI_Comm_dup(MPI_COMM_WORLD, &w.comm);  // its request stays posted on rank 0: not the world's
+  if (w.rank == 0) {
+    try {
+      check_reachable(w, 200ms);
+      ADD_FAILURE() << "the check passed although no other rank had joined it";
+    } catch (const Error& e) {
+      for (const char* needle : {"ranks cannot reach each other (--preflight-timeout 0.2 s)", "firewall",
+                                 "btl_tcp_if_include", "oob_tcp_if_include", "NCCL_SOCKET_IFNAME",
+                                 "NCCL_P2P_DISABLE", "died or never started"})
+        expect_contains(e.what(), needle);
+    }
+  }
+  others_join_late([&] { EXPECT_NO_THROW(check_reachable(w, 60s)); });
 }
 
 TEST(Timeout, BarrierThatOnlyOneRankEntersThrowsNamingIt) {
