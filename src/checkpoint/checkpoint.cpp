@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +13,7 @@
 #include <iterator>
 
 #include "ddp/core/error.hpp"
+#include "ddp/core/finite.hpp"
 
 namespace ddp::checkpoint {
 
@@ -67,26 +70,38 @@ const std::string& field(const std::string& path, const std::map<std::string, st
   return it->second;
 }
 
-int64_t int_field(const std::string& path, const std::map<std::string, std::string>& m, const std::string& key) {
+// Positions (epochs, steps, samples) beyond this are no run's: 2^50 leaves
+// room to add and multiply without overflow.
+constexpr int64_t kMaxPosition = int64_t(1) << 50;
+
+int64_t int_field(const std::string& path, const std::map<std::string, std::string>& m, const std::string& key,
+                  int64_t max) {
   const std::string& v = field(path, m, key);
   try {
     size_t used = 0;
     const long long x = std::stoll(v, &used);
-    if (used == v.size() && x >= 0) return x;
+    if (used == v.size() && x >= 0 && x <= max) return x;
   } catch (const std::exception&) {
   }
-  DDP_FAIL(path, ": checkpoint metadata '", key, "' is not a non-negative integer: '", v, "'");
+  DDP_FAIL(path, ": checkpoint metadata '", key, "' is not an integer from 0 to ", max, ": '", v, "'");
 }
 
+// A finite number >= 0 (sums and seconds).
 double double_field(const std::string& path, const std::map<std::string, std::string>& m, const std::string& key) {
   const std::string& v = field(path, m, key);
   try {
     size_t used = 0;
     const double x = std::stod(v, &used);
-    if (used == v.size()) return x;
+    if (used == v.size() && std::isfinite(x) && x >= 0) return x;
   } catch (const std::exception&) {
   }
-  DDP_FAIL(path, ": checkpoint metadata '", key, "' is not a number: '", v, "'");
+  DDP_FAIL(path, ": checkpoint metadata '", key, "' is not a finite number >= 0: '", v, "'");
+}
+
+// The global step in a name list_checkpoints accepted ("ckpt-<10 digits>...").
+int64_t step_of(const std::string& path) {
+  const std::string name = fs::path(path).filename().string();
+  return std::stoll(name.substr(std::strlen(kPrefix), 10));
 }
 
 }  // namespace
@@ -119,7 +134,7 @@ Checkpoint decode_checkpoint(const std::string& path, const std::string& bytes) 
   const auto fmt = m.find("format");
   DDP_CHECK(fmt != m.end() && fmt->second == kFormat, path, ": not a ddp checkpoint (metadata 'format' is ",
             fmt == m.end() ? std::string("missing") : "'" + fmt->second + "'", ")");
-  const int64_t version = int_field(path, m, "format_version");
+  const int64_t version = int_field(path, m, "format_version", INT32_MAX);
   DDP_CHECK(version <= kFormatVersion, path, ": checkpoint format version ", version,
             " is newer than this ddp_train understands (", kFormatVersion, "); use a newer ddp_train");
   DDP_CHECK(version >= 1, path, ": checkpoint format version ", version, " is not valid");
@@ -131,16 +146,25 @@ Checkpoint decode_checkpoint(const std::string& path, const std::string& bytes) 
   std::snprintf(crc, sizeof(crc), "%08x", payload_crc(payload, m));
   DDP_CHECK(field(path, m, "payload_crc32") == crc, path, ": checksum mismatch (stored ",
             field(path, m, "payload_crc32"), ", computed ", crc, "): the file is corrupt");
+  // Each field within what a run can have written (the trainer checks them
+  // against the run it resumes: Note [resume position] in train/resume.cpp).
   RunState& s = c.state;
-  s.epoch = int_field(path, m, "epoch");
-  s.step_in_epoch = int_field(path, m, "step_in_epoch");
-  s.global_step = int_field(path, m, "global_step");
-  s.samples_consumed = int_field(path, m, "samples_consumed");
-  s.world_size = static_cast<int>(int_field(path, m, "world_size"));
+  s.epoch = int_field(path, m, "epoch", kMaxPosition);
+  s.step_in_epoch = int_field(path, m, "step_in_epoch", kMaxPosition);
+  s.global_step = int_field(path, m, "global_step", kMaxPosition);
+  s.samples_consumed = int_field(path, m, "samples_consumed", kMaxPosition);
+  s.world_size = static_cast<int>(int_field(path, m, "world_size", INT32_MAX));
+  DDP_CHECK(s.world_size >= 1, path, ": checkpoint metadata 'world_size' is 0; a run has at least one rank");
   s.epoch_loss_sum = double_field(path, m, "epoch_loss_sum");
   s.epoch_correct = double_field(path, m, "epoch_correct");
   s.epoch_samples = double_field(path, m, "epoch_samples");
   s.epoch_train_sec = double_field(path, m, "epoch_train_sec");
+  // A training state with a non-finite number in it is no state to go on from.
+  for (const auto& t : c.file.tensors) {
+    const size_t bad = first_non_finite(t.data.data(), t.data.size());
+    DDP_CHECK(bad == t.data.size(), path, ": tensor '", t.name, "' holds a NaN or an infinity (element ", bad,
+              "): the run had diverged when this was written");
+  }
   for (const auto& [k, v] : m)
     if (k.rfind("config.", 0) == 0) s.config[k.substr(7)] = v;
   return c;
@@ -154,9 +178,16 @@ std::string save_checkpoint(const std::string& dir, const RunState& state,
   const std::string path = (fs::path(dir) / checkpoint_file_name(state.global_step)).string();
   write_file_atomic(path, encode_checkpoint(state, tensors));
   // Only once the new file is durable do older ones go, and with them any
-  // temporary file a killed writer left behind.
-  const auto all = list_checkpoints(dir);
-  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < all.size(); ++i) fs::remove(all[i], ec);
+  // temporary file a killed writer left behind. The newest `keep` up to this
+  // step stay, this one first; files of later steps (a trajectory this run
+  // left when it resumed from an earlier checkpoint) are not this run's to
+  // rotate: it replaces each when it reaches its step. So rotation never
+  // removes the checkpoint just written.
+  size_t kept = 0;
+  for (const auto& p : list_checkpoints(dir)) {
+    if (step_of(p) > state.global_step) continue;
+    if (++kept > static_cast<size_t>(std::max(keep, 1))) fs::remove(p, ec);
+  }
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind(kPrefix, 0) == 0 && name.find(std::string(kSuffix) + ".tmp.") != std::string::npos)
@@ -170,6 +201,8 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return out;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::error_code type_ec;
+    if (!e.is_regular_file(type_ec)) continue;  // a directory named like a checkpoint is not one
     const std::string name = e.path().filename().string();
     const size_t pre = std::strlen(kPrefix), suf = std::strlen(kSuffix);
     if (name.size() == pre + 10 + suf && name.rfind(kPrefix, 0) == 0 &&

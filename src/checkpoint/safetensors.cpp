@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -114,6 +115,54 @@ SafetensorsFile read_safetensors(const std::string& path) {
   return decode_safetensors(path, bytes);
 }
 
+namespace {
+
+// One tensor entry of the header, checked against the safetensors rules.
+struct Entry {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+
+Entry parse_entry(const std::string& path, const std::string& name, const json& e, uint64_t data_size) {
+  auto bad = [&](const std::string& what) { DDP_FAIL(path, ": tensor '", name, "': ", what); };
+  if (!e.is_object()) bad("entry is not a JSON object");
+  const auto dtype = e.find("dtype");
+  const auto shape = e.find("shape");
+  const auto offsets = e.find("data_offsets");
+  if (dtype == e.end() || shape == e.end() || offsets == e.end()) bad("entry lacks dtype, shape or data_offsets");
+  if (!dtype->is_string()) bad("dtype is not a string");
+  if (dtype->get<std::string>() != "F32") bad("dtype " + dtype->get<std::string>() + ", expected F32");
+  Entry t;
+  t.name = name;
+  // numel = product of the shape, checked against what the buffer can hold
+  // before any multiplication can overflow.
+  const uint64_t max_numel = data_size / sizeof(float);
+  uint64_t numel = 1;
+  if (!shape->is_array()) bad("shape is not an array");
+  for (const json& d : *shape) {
+    if (!d.is_number_unsigned()) bad("shape " + shape->dump() + " holds something other than sizes >= 0");
+    const uint64_t v = d.get<uint64_t>();
+    if (v > uint64_t(INT64_MAX)) bad("shape " + shape->dump() + " has a dimension beyond 2^63");
+    t.shape.push_back(int64_t(v));
+    if (numel != 0 && v > max_numel / numel) numel = max_numel + 1;  // more than the file holds
+    else numel *= v;
+  }
+  if (!offsets->is_array() || offsets->size() != 2 || !(*offsets)[0].is_number_unsigned() ||
+      !(*offsets)[1].is_number_unsigned())
+    bad("data_offsets is not a pair of offsets");
+  t.begin = (*offsets)[0].get<uint64_t>();
+  t.end = (*offsets)[1].get<uint64_t>();
+  if (t.begin > t.end || t.end > data_size)
+    bad("data offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ") are outside the " +
+        std::to_string(data_size) + " data bytes (truncated?)");
+  if (numel > max_numel || t.end - t.begin != numel * sizeof(float))
+    bad("shape " + shape->dump() + " does not match its " + std::to_string(t.end - t.begin) + " bytes");
+  return t;
+}
+
+}  // namespace
+
 SafetensorsFile decode_safetensors(const std::string& path, const std::string& bytes) {
   DDP_CHECK(bytes.size() >= 8, path, ": truncated: ", bytes.size(), " bytes, no safetensors header");
   uint64_t len = 0;
@@ -128,38 +177,48 @@ SafetensorsFile decode_safetensors(const std::string& path, const std::string& b
   }
   DDP_CHECK(header.is_object(), path, ": safetensors header is not a JSON object");
   SafetensorsFile f;
-  const size_t data_size = bytes.size() - 8 - len;
+  const uint64_t data_size = bytes.size() - 8 - len;
   const char* data = bytes.data() + 8 + len;
-  std::vector<std::pair<size_t, Tensor>> ordered;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        DDP_CHECK(m->is_string(), path, ": metadata '", m.key(), "' is not a string");
-        f.metadata[m.key()] = m->get<std::string>();
+  std::vector<Entry> entries;
+  try {
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") {
+        DDP_CHECK(it->is_object(), path, ": __metadata__ is not a JSON object");
+        for (auto m = it->begin(); m != it->end(); ++m) {
+          DDP_CHECK(m->is_string(), path, ": metadata '", m.key(), "' is not a string");
+          f.metadata[m.key()] = m->get<std::string>();
+        }
+        continue;
       }
-      continue;
+      entries.push_back(parse_entry(path, it.key(), *it, data_size));
     }
-    const json& e = *it;
-    try {
-      const std::string dtype = e.at("dtype").get<std::string>();
-      DDP_CHECK(dtype == "F32", path, ": tensor '", it.key(), "' has dtype ", dtype, ", expected F32");
+    // The byte buffer is the tensors, one after another: in offset order each
+    // begins where the previous ended, from 0 to its very end.
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
+    uint64_t at = 0;
+    for (const Entry& e : entries) {
+      DDP_CHECK(e.begin == at, path, ": tensor '", e.name, "' starts at byte ", e.begin, " of the data, where ",
+                at, " was expected (", e.begin < at ? "it overlaps the tensor before it" : "a gap before it",
+                ")");
+      at = e.end;
+    }
+    DDP_CHECK(at == data_size, path, ": the tensors cover ", at, " of the ", data_size,
+              " data bytes; the rest belongs to no tensor");
+    for (Entry& e : entries) {
       Tensor t;
-      t.name = it.key();
-      t.shape = e.at("shape").get<std::vector<int64_t>>();
-      const auto off = e.at("data_offsets").get<std::vector<size_t>>();
-      DDP_CHECK(off.size() == 2 && off[0] <= off[1] && off[1] <= data_size, path, ": tensor '", t.name,
-                "' has data offsets outside the file (truncated?)");
-      DDP_CHECK(off[1] - off[0] == static_cast<size_t>(numel(t.shape)) * sizeof(float), path,
-                ": tensor '", t.name, "' byte length does not match its shape");
-      t.data.resize(static_cast<size_t>(numel(t.shape)));
-      std::memcpy(t.data.data(), data + off[0], off[1] - off[0]);
-      ordered.emplace_back(off[0], std::move(t));
-    } catch (const json::exception& ex) {
-      DDP_FAIL(path, ": tensor '", it.key(), "' entry is malformed (", ex.what(), ")");
+      t.name = std::move(e.name);
+      t.shape = std::move(e.shape);
+      t.data.resize((e.end - e.begin) / sizeof(float));
+      if (!t.data.empty()) std::memcpy(t.data.data(), data + e.begin, e.end - e.begin);
+      f.tensors.push_back(std::move(t));
     }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // json type errors, allocation failures: still this file's fault
+    DDP_FAIL(path, ": malformed safetensors file (", e.what(), ")");
   }
-  std::sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (auto& [off, t] : ordered) f.tensors.push_back(std::move(t));
   return f;
 }
 

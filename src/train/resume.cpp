@@ -76,25 +76,62 @@ std::vector<checkpoint::TensorView> checkpoint_tensors(const nn::Model& model, o
   return views;
 }
 
-void restore(const std::string& path, const checkpoint::Checkpoint& ckpt, nn::Model& model, optim::Sgd& sgd) {
-  auto copy = [&](const std::string& name, const nn::ParamInfo& p, float* dst) {
+// Note [resume position]: a checkpoint's position must be one this run can
+// stand at. The global batch and the dataset are the run's (check_compatible),
+// so the steps per epoch are too, and then step_in_epoch < steps, global_step
+// = epoch * steps + step_in_epoch, samples_consumed = global_step * global
+// batch, and the epoch's sums cover at most the part of the epoch done. The
+// writer's world size divided the global batch. All of it is checked before
+// the trainer counts on from these values, so no hostile value can make that
+// arithmetic overflow (the decoder already bounds each one by 2^50).
+void check_resumable(const std::string& path, const checkpoint::Checkpoint& ckpt, const nn::Model& model,
+                     int64_t steps, int global_batch) {
+  const checkpoint::RunState& s = ckpt.state;
+  DDP_CHECK(s.step_in_epoch < steps, path, ": checkpoint is at step ", s.step_in_epoch,
+            " of an epoch that has only ", steps, " steps here");
+  int64_t at = 0, samples = 0;
+  const bool overflow = __builtin_mul_overflow(s.epoch, steps, &at) ||
+                        __builtin_add_overflow(at, s.step_in_epoch, &at) ||
+                        __builtin_mul_overflow(at, int64_t(global_batch), &samples);
+  DDP_CHECK(!overflow && s.global_step == at, path, ": checkpoint's global step ", s.global_step,
+            " is not epoch ", s.epoch, " x ", steps, " steps + step ", s.step_in_epoch);
+  DDP_CHECK(s.samples_consumed == samples, path, ": checkpoint counts ", s.samples_consumed,
+            " samples consumed, not global step ", s.global_step, " x global batch ", global_batch);
+  DDP_CHECK(global_batch % s.world_size == 0, path, ": checkpoint was written by ", s.world_size,
+            " ranks, which do not divide the global batch ", global_batch);
+  const double done = double(s.step_in_epoch) * global_batch;
+  DDP_CHECK(s.epoch_samples <= done && s.epoch_correct <= s.epoch_samples, path,
+            ": checkpoint's epoch sums (", s.epoch_samples, " samples, ", s.epoch_correct,
+            " correct) exceed the ", done, " samples of the epoch done");
+  // Momentum buffers for every parameter or for none (plain SGD, or no step yet).
+  const bool has_momentum = ckpt.file.find(kMomentumPrefix + model.param_info().front().name) != nullptr;
+  auto check_tensor = [&](const std::string& name, const nn::ParamInfo& p) {
     const auto* t = ckpt.file.find(name);
     DDP_CHECK(t, path, ": checkpoint has no tensor '", name, "'");
     DDP_CHECK(t->shape == p.shape && t->data.size() == p.numel, path, ": tensor '", name,
               "' has the wrong shape for model ", model.name());
-    std::memcpy(dst + p.offset, t->data.data(), p.numel * sizeof(float));
   };
-  for (const auto& p : model.param_info()) copy(p.name, p, model.params());
+  for (const auto& p : model.param_info()) {
+    check_tensor(p.name, p);
+    if (has_momentum) check_tensor(kMomentumPrefix + p.name, p);
+  }
+}
+
+void restore(const checkpoint::Checkpoint& ckpt, nn::Model& model, optim::Sgd& sgd) {
+  for (const auto& p : model.param_info())
+    std::memcpy(model.params() + p.offset, ckpt.file.find(p.name)->data.data(), p.numel * sizeof(float));
   const bool has_momentum = ckpt.file.find(kMomentumPrefix + model.param_info().front().name) != nullptr;
   if (has_momentum && !sgd.momentum_buffer().empty()) {
-    for (const auto& p : model.param_info()) copy(kMomentumPrefix + p.name, p, sgd.momentum_buffer().data());
+    for (const auto& p : model.param_info())
+      std::memcpy(sgd.momentum_buffer().data() + p.offset, ckpt.file.find(kMomentumPrefix + p.name)->data.data(),
+                  p.numel * sizeof(float));
     sgd.set_started(true);
   }
 }
 
 std::optional<Resumed> find_resume_point(comm::Communicator& comm, const Config& cfg,
                                          const std::map<std::string, std::string>& current,
-                                         std::ostream& out, std::ostream& log) {
+                                         const ResumeCheck& usable, std::ostream& out, std::ostream& log) {
   if (cfg.resume.empty()) return std::nullopt;
   std::string path, bytes;
   if (comm.rank() == 0) {
@@ -103,6 +140,7 @@ std::optional<Resumed> find_resume_point(comm::Communicator& comm, const Config&
       bytes = checkpoint::read_file_bytes(path);
       const auto c = checkpoint::decode_checkpoint(path, bytes);
       checkpoint::check_compatible(path, c.state.config, current);
+      usable(path, c);
     } else {
       // Corrupt or foreign checkpoints are skipped, each named in a warning.
       // But when every checkpoint there is of another configuration, a fresh
@@ -126,6 +164,12 @@ std::optional<Resumed> find_resume_point(comm::Communicator& comm, const Config&
         } catch (const Error& e) {
           skip(e);
           if (incompatible.empty()) incompatible = e.what();
+          continue;
+        }
+        try {
+          usable(candidate, c);
+        } catch (const Error& e) {
+          skip(e);
           continue;
         }
         path = candidate;

@@ -25,6 +25,7 @@
 #include "ddp/train/placement.hpp"          // --device/--backend -> this rank's device
 #include "ddp/train/replica.hpp"            // Replica: the model on its device, the step
 #include "ddp/train/resume.hpp"             // checkpoint contents, resume point
+#include "ddp/train/run_paths.hpp"          // check_run_paths: paths and the checkpoint directory's lock
 
 namespace ddp::train {
 
@@ -137,6 +138,11 @@ struct EpochSums {
 
 int run(const World& world, const Config& cfg, std::ostream& out) {
   const bool leader = world.rank == 0;
+  // Before anything is read or trained; the checkpoint directory stays
+  // locked for this job until run returns.
+  std::unique_ptr<checkpoint::DirLock> dir_lock;
+  if (leader) dir_lock = check_run_paths(cfg, world.host);
+  if (dir_lock && !dir_lock->unguarded().empty()) std::cerr << "ddp_train: warning: " << dir_lock->unguarded() << "\n";
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_sec * 1000));
   auto host_comm = comm::make_mpi_communicator(world);
   host_comm->set_timeout(timeout);
@@ -178,11 +184,12 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   checkpoint::RunState state;
   state.config = resume_config(cfg, model, train);
   const bool checkpointing = !cfg.checkpoint_dir.empty();
-  if (const auto resumed = find_resume_point(comm, cfg, state.config, out, std::cerr)) {
-    restore(resumed->path, resumed->checkpoint, model, sgd);
+  const auto resumable = [&](const std::string& path, const checkpoint::Checkpoint& c) {
+    check_resumable(path, c, model, steps, cfg.batch_size);
+  };
+  if (const auto resumed = find_resume_point(comm, cfg, state.config, resumable, out, std::cerr)) {
+    restore(resumed->checkpoint, model, sgd);
     const auto& saved = resumed->checkpoint.state;
-    DDP_CHECK(saved.step_in_epoch < steps, resumed->path, ": checkpoint is at step ", saved.step_in_epoch,
-              " of an epoch that has only ", steps, " steps here");
     const auto config = state.config;
     state = saved;
     state.config = config;

@@ -60,7 +60,8 @@ Checkpoint decode_checkpoint(const std::string& path, const std::string& bytes);
 std::string save_checkpoint(const std::string& dir, const RunState& state,
                             const std::vector<TensorView>& tensors, int keep);
 
-// Checkpoint files in dir (by name pattern), newest first. Missing dir: none.
+// Checkpoint files in dir (regular files named by the pattern), newest
+// first. Missing dir: none.
 std::vector<std::string> list_checkpoints(const std::string& dir);
 
 // The whole file, or a ddp::Error naming it.

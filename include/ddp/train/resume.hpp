@@ -3,6 +3,7 @@
 // broadcasting the checkpoint to resume from.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -27,22 +28,33 @@ std::map<std::string, std::string> resume_config(const Config& cfg, const nn::Mo
 // Parameters, then optimizer state (Note [checkpoint contents]).
 std::vector<checkpoint::TensorView> checkpoint_tensors(const nn::Model& model, optim::Sgd& sgd);
 
-// Copies a checkpoint's tensors into the model and optimizer. Throws naming
-// the file and the tensor that is missing or has the wrong shape.
-void restore(const std::string& path, const checkpoint::Checkpoint& ckpt, nn::Model& model, optim::Sgd& sgd);
+// Throws ddp::Error naming the file when the checkpoint cannot be this run's
+// starting point: its position (Note [resume position]) for `steps` steps per
+// epoch of `global_batch` samples, or a tensor the model needs that is missing
+// or has the wrong shape.
+void check_resumable(const std::string& path, const checkpoint::Checkpoint& ckpt, const nn::Model& model,
+                     int64_t steps, int global_batch);
+
+// Copies a checkpoint's tensors into the model and optimizer (check_resumable
+// first).
+void restore(const checkpoint::Checkpoint& ckpt, nn::Model& model, optim::Sgd& sgd);
 
 struct Resumed {
   std::string path;
   checkpoint::Checkpoint checkpoint;
 };
 
+// A check a checkpoint must pass to be resumed from (throws ddp::Error).
+using ResumeCheck = std::function<void(const std::string& path, const checkpoint::Checkpoint&)>;
+
 // --resume PATH: that file, or an error naming it. --resume auto: the newest
-// checkpoint in cfg.checkpoint_dir that decodes and validates; each one
-// skipped is named in a warning on `log`; none means a fresh start (nullopt),
-// said in one line. Only rank 0 reads files; the chosen file's bytes are
-// broadcast, so other ranks need no shared filesystem. Collective.
+// checkpoint in cfg.checkpoint_dir that decodes, validates, has the current
+// configuration and passes `usable`; each one skipped is named in a warning
+// on `log`; none means a fresh start (nullopt), said in one line. Only rank 0
+// reads files; the chosen file's bytes are broadcast, so other ranks need no
+// shared filesystem. Collective.
 std::optional<Resumed> find_resume_point(comm::Communicator& comm, const Config& cfg,
                                          const std::map<std::string, std::string>& current,
-                                         std::ostream& out, std::ostream& log);
+                                         const ResumeCheck& usable, std::ostream& out, std::ostream& log);
 
 }  // namespace ddp::train

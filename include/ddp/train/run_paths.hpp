@@ -1,0 +1,21 @@
+// What rank 0 checks of the paths a run reads and writes before any data is
+// read, so that a run never trains for an epoch (or all of them) to fail at
+// its first save: the checkpoint directory (created, writable, locked for
+// this job: Note [one job per checkpoint directory]), the directories of
+// --output-model and --metrics-out (they must exist and take a file), and a
+// --resume file (a regular file).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ddp/checkpoint/dir_lock.hpp"
+#include "ddp/train/config.hpp"
+
+namespace ddp::train {
+
+// Throws ddp::Error naming the flag and the path. Returns the checkpoint
+// directory's lock (nullptr without --checkpoint-dir); hold it until the end.
+std::unique_ptr<checkpoint::DirLock> check_run_paths(const Config& cfg, const std::string& host);
+
+}  // namespace ddp::train
