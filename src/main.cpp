@@ -7,7 +7,7 @@
 #include <iostream>
 
 #include "ddp/cli/options.hpp"       // parse_options: flags -> Config
-#include "ddp/core/error.hpp"        // Error, UsageError
+#include "ddp/core/error.hpp"        // Error, CollectiveError (UsageError)
 #include "ddp/runtime/world.hpp"     // init_world, abort_world
 #include "ddp/train/trainer.hpp"     // run: the epoch loop
 
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
     const int rc = ddp::train::run(world, parsed.config, std::cout);
     ddp::finalize_world(world);
     return rc;
-  } catch (const ddp::UsageError& e) {
+  } catch (const ddp::CollectiveError& e) {
     fail(world, e.what(), true);
   } catch (const std::exception& e) {
     fail(world, e.what(), false);

@@ -1,8 +1,10 @@
 // The CPU replica (train/replica.hpp): the model's own buffers are the
 // device's, so push and pull have nothing to copy.
+#include <cmath>
 #include <utility>
 #include <vector>
 
+#include "ddp/core/finite.hpp"
 #include "ddp/train/replica.hpp"
 
 namespace ddp::train {
@@ -28,7 +30,7 @@ class CpuReplica final : public Replica {
   void push() override {}
   void pull() override {}
 
-  void train_step(const data::Batch& b) override {
+  StepHealth train_step(const data::Batch& b) override {
     dlogits_.resize(static_cast<size_t>(b.size) * classes_);
     model_->zero_grads();
     const float* logits = model_->forward(b.x.data(), b.size);
@@ -37,8 +39,14 @@ class CpuReplica final : public Replica {
     reducer_->begin_backward();
     model_->backward(dlogits_.data(), b.size, [this](size_t n) { reducer_->grads_ready(n); });
     sums_.comm_wait += reducer_->finish().wait_sec;
+    StepHealth health;
+    health.loss = loss;
+    health.loss_finite = std::isfinite(loss);
+    health.grads_finite = first_non_finite(model_->grads(), model_->num_params()) == model_->num_params();
+    if (!health.grads_finite) return health;  // the parameters stay as they were
     sgd_->step(model_->params(), model_->grads());
     sums_.loss += static_cast<double>(loss) * b.size;
+    return health;
   }
 
   StepSums take_sums() override { return std::exchange(sums_, StepSums{}); }

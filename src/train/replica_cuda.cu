@@ -172,7 +172,7 @@ class CudaReplica final : public Replica {
     }
   }
 
-  void train_step(const data::Batch& b) override {
+  StepHealth train_step(const data::Batch& b) override {
     const PinnedSlot& s = stage(b);
     gpu_model_->zero_grads();
     const float* logits = gpu_model_->forward(inputs(s), b.size);
@@ -184,6 +184,7 @@ class CudaReplica final : public Replica {
                          gpu_model_->grads(), momentum_.data(), ctx_->compute());
     if (momentum_.data()) momentum_started_ = true;
     DDP_CUDA_CHECK(cudaEventRecord(s.free, ctx_->compute()));
+    return {};  // not looked at per step (replica.hpp)
   }
 
   StepSums take_sums() override {

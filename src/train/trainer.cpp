@@ -1,19 +1,23 @@
 #include "ddp/train/trainer.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <vector>
 
 #include "ddp/checkpoint/safetensors.hpp"   // write_safetensors: --output-model
 #include "ddp/comm/communicator.hpp"        // Communicator: MPI backend
-#include "ddp/core/error.hpp"               // DDP_CHECK
+#include "ddp/core/error.hpp"               // DDP_CHECK, CollectiveError
+#include "ddp/core/finite.hpp"              // first_non_finite: no diverged state is saved
 #include "ddp/data/dataset.hpp"             // load_idx_dir, make_synthetic
 #include "ddp/data/loader.hpp"              // Loader: prefetching batches
 #include "ddp/data/sampler.hpp"             // DistributedSampler, eval_shard
@@ -96,8 +100,50 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, int6
 }
 
 data::Split load_data(const Config& cfg) {
-  if (!cfg.data_dir.empty()) return data::load_idx_dir(cfg.data_dir);
-  return data::make_synthetic(cfg.synthetic > 0 ? cfg.synthetic : kDefaultSynthetic, cfg.seed);
+  if (!cfg.data_dir.empty()) {
+    try {
+      return data::load_idx_dir(cfg.data_dir);
+    } catch (const std::bad_alloc&) {
+      DDP_FAIL("--data-dir ", cfg.data_dir, ": not enough memory for the images its headers declare");
+    }
+  }
+  const int64_t n = cfg.synthetic > 0 ? cfg.synthetic : kDefaultSynthetic;
+  try {
+    return data::make_synthetic(n, cfg.seed);
+  } catch (const std::bad_alloc&) {
+    DDP_FAIL("--synthetic ", n, ": not enough memory for ", n, " images of 28x28 (", (n * 28 * 28 * 4) >> 20,
+             " MiB, and a fifth of that again for the test set)");
+  }
+}
+
+// Runs fn on every rank. When it throws on some, every rank throws one
+// CollectiveError (said once, by rank 0) with the first failing rank's
+// message, saying which ranks failed unless all did with that very message:
+// a file every rank reads fails once, not once per rank.
+template <typename Fn>
+void on_every_rank(comm::Communicator& comm, const char* what, Fn&& fn) {
+  constexpr size_t kMessage = 1024;
+  std::array<char, kMessage> mine{};
+  try {
+    fn();
+  } catch (const CollectiveError&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::snprintf(mine.data(), kMessage, "%s", e.what()[0] ? e.what() : "unknown error");
+  }
+  const std::vector<char> all = comm.allgather(mine.data(), kMessage, what);
+  auto message = [&](int r) { return std::string(all.data() + size_t(r) * kMessage); };
+  int first = -1, failed = 0, same = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (message(r).empty()) continue;
+    if (first < 0) first = r;
+    ++failed;
+    same += message(r) == message(first);
+  }
+  if (failed == 0) return;
+  if (same == comm.size()) throw CollectiveError(message(first));
+  throw CollectiveError(detail::concat(message(first), " (on rank ", first,
+                                       failed > 1 ? detail::concat("; ", failed, " ranks failed") : "", ")"));
 }
 
 // Exact distributed accuracy: each rank counts its eval_shard, counts are summed.
@@ -129,6 +175,41 @@ void write_model(const std::string& path, const nn::Model& model, const Config& 
                                  {"seed", std::to_string(cfg.seed)}});
 }
 
+// A step whose averaged gradients are not finite: every rank has the same
+// gradients, so all of them are here; they say which had a non-finite loss,
+// and the job ends naming the step, before anything of it is saved.
+[[noreturn]] void diverged(comm::Communicator& comm, const StepHealth& health, int64_t epoch, int64_t step,
+                           int64_t global_step) {
+  const double mine = health.loss;
+  const std::vector<char> all = comm.allgather(&mine, sizeof mine, "divergence: every rank's loss");
+  std::string ranks;
+  int bad = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    double loss = 0;
+    std::memcpy(&loss, all.data() + r * sizeof loss, sizeof loss);
+    if (!std::isfinite(loss)) ranks += detail::concat(bad++ ? ", " : "", r);
+  }
+  const std::string losses = bad == 0             ? "the loss was finite on every rank"
+                             : bad == comm.size() ? "the loss was NaN or infinite on every rank"
+                                                  : detail::concat("the loss was NaN or infinite on rank",
+                                                                   bad > 1 ? "s " : " ", ranks);
+  throw CollectiveError(detail::concat("training diverged at epoch ", epoch + 1, ", step ", step, " (global step ",
+                                       global_step, "): the averaged gradients hold a NaN or an infinity, and ",
+                                       losses, ". Nothing of this step was saved; a smaller --lr may help"));
+}
+
+// Before a state is written anywhere: every parameter finite, else an error
+// naming the first parameter that is not.
+void check_finite(const nn::Model& model, const std::string& what) {
+  const size_t at = first_non_finite(model.params(), model.num_params());
+  if (at == model.num_params()) return;
+  for (const auto& p : model.param_info())
+    if (at >= p.offset && at < p.offset + p.numel)
+      DDP_FAIL("refusing to write ", what, ": parameter ", p.name, " holds a NaN or an infinity (element ",
+               at - p.offset, "): training diverged");
+  DDP_FAIL("refusing to write ", what, ": a parameter holds a NaN or an infinity: training diverged");
+}
+
 // The epoch's running sums on this rank (reduced across ranks at the end).
 struct EpochSums {
   double loss = 0, correct = 0, samples = 0, comm_wait = 0;
@@ -149,14 +230,16 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   preflight(*host_comm, world, std::chrono::milliseconds(static_cast<int64_t>(cfg.preflight_timeout_sec * 1000)),
             std::cerr);
 
-  const data::Split data = load_data(cfg);
-  const data::Dataset& train = data.train;
   const int per_rank = cfg.batch_size / world.size;
-
+  data::Split data;
+  on_every_rank(*host_comm, "dataset check", [&] {
+    data = load_data(cfg);
+    DDP_CHECK(data.train.n / world.size >= per_rank, "dataset too small: ", data.train.n, " training images (",
+              data.train.source, ") do not fill one global batch of ", cfg.batch_size, " (--batch-size)");
+  });
+  const data::Dataset& train = data.train;
   data::DistributedSampler sampler(train.n, world.size, world.rank, cfg.seed);
   const int64_t steps = sampler.num_samples() / per_rank;
-  DDP_CHECK(steps > 0, "dataset too small: ", train.n, " training images (", train.source,
-            ") do not fill one global batch of ", cfg.batch_size, " (--batch-size)");
 
   auto host_model = nn::make_model(cfg.model, {train.c, train.h, train.w}, train.classes);
   host_model->init_params(cfg.seed);
@@ -213,6 +296,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   auto save = [&](const checkpoint::RunState& s) {
     if (!leader) return std::string();
     replica->pull();
+    check_finite(model, detail::concat("the checkpoint of global step ", s.global_step));
     return checkpoint::save_checkpoint(cfg.checkpoint_dir, s, checkpoint_tensors(model, sgd),
                                        cfg.keep_checkpoints);
   };
@@ -252,7 +336,8 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       sums.comm_wait += s.comm_wait;
     };
     while (loader.next(batch)) {
-      replica->train_step(batch);
+      const StepHealth health = replica->train_step(batch);
+      if (!health.grads_finite) diverged(comm, health, epoch, step + 1, state.global_step + 1);
       sums.samples += batch.size;
       ++step;
       ++state.global_step;
@@ -289,6 +374,11 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     double totals[4] = {sums.loss, sums.correct, sums.samples, sums.comm_wait};
     comm.allreduce_doubles(totals, 4, /*max=*/false, "training metrics");
     train_sec += resumed_sec;
+    // Where steps are not checked one by one (GPUs: replica.hpp), the epoch's
+    // loss is, before its checkpoint; the totals are the same on every rank.
+    if (!std::isfinite(totals[0]))
+      throw CollectiveError(detail::concat("training diverged in epoch ", epoch + 1, ": its loss sums to ",
+                                           totals[0], "; a smaller --lr may help"));
 
     const auto t1 = Clock::now();
     const double test_acc = evaluate(*replica, world, data.test, per_rank);
@@ -341,6 +431,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
 
   if (leader && !cfg.output_model.empty()) {
     replica->pull();
+    check_finite(model, "--output-model " + cfg.output_model);
     write_model(cfg.output_model, model, cfg, world.size, cfg.epochs);
   }
   if (leader) {

@@ -14,6 +14,22 @@ nlohmann::json summary_of(const RunResult& r) {
   return found;
 }
 
+int error_lines(const std::string& err) {
+  int n = 0;
+  for (const auto& l : lines_of(err)) n += l.rfind("ddp_train: error: ", 0) == 0;
+  return n;
+}
+
+void expect_failure(const RunResult& r, const std::string& needle) {
+  EXPECT_NE(r.status, 0) << r.err;
+  EXPECT_EQ(error_lines(r.err), 1) << "expected exactly one error line:\n" << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr lacks '" << needle << "':\n" << r.err;
+  EXPECT_NE(r.err.find("(rank "), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("\"event\":\"summary\""), std::string::npos) << "a failed run printed a summary";
+  EXPECT_LT(r.seconds, 30) << "the failing job took " << r.seconds << " s to end";
+  EXPECT_EQ(r.left, 0) << r.left << " processes of the failed job were still running 10 s after it ended";
+}
+
 double max_rel_diff(const checkpoint::SafetensorsFile& a, const checkpoint::SafetensorsFile& b) {
   double max_diff = 0, max_abs = 0;
   EXPECT_EQ(a.tensors.size(), b.tensors.size());

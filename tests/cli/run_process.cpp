@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -57,10 +58,37 @@ RunResult collect(int raw, const std::string& dir) {
 
 }  // namespace
 
+// Processes whose environment holds `entry` ("NAME=value").
+int processes_with_env(const std::string& entry) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string env = read_text(e.path().string() + "/environ");
+    for (size_t at = 0; at < env.size();) {
+      const size_t end = std::min(env.find('\0', at), env.size());
+      if (env.compare(at, end - at, entry) == 0) {
+        ++n;
+        break;
+      }
+      at = end + 1;
+    }
+  }
+  return n;
+}
+
 RunResult run_ddp_train(int np, const std::string& args) {
+  static int runs = 0;
   const std::string dir = make_temp_dir();
-  const std::string cmd = command_line(np, args) + " >" + dir + "/out 2>" + dir + "/err </dev/null";
-  const RunResult r = collect(std::system(cmd.c_str()), dir);
+  const std::string tag = "DDP_TEST_RUN=" + std::to_string(::getpid()) + "." + std::to_string(++runs);
+  const std::string cmd = "env " + tag + " " + command_line(np, args) + " >" + dir + "/out 2>" + dir + "/err </dev/null";
+  const auto t0 = std::chrono::steady_clock::now();
+  const int raw = std::system(cmd.c_str());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  RunResult r = collect(raw, dir);
+  r.seconds = seconds;
+  wait_until([&] { return processes_with_env(tag) == 0; }, 10);
+  r.left = processes_with_env(tag);
   remove_tree(dir);
   return r;
 }

@@ -11,9 +11,13 @@ namespace ddp::test {
 struct RunResult {
   int status = -1;  // exit status of the command (mpiexec for np > 0)
   std::string out, err;
+  double seconds = 0;  // wall time until the command returned
+  int left = 0;        // its processes still alive 10 s after it returned
 };
 
 // np == 0 runs ddp_train as a plain process; np >= 1 under mpiexec -np np.
+// Every process of the run carries a tag in its environment, so that what
+// outlives the launcher is found and counted (RunResult::left).
 RunResult run_ddp_train(int np, const std::string& args);
 
 // A job started in the background in its own process group, so that the

@@ -6,27 +6,12 @@
 #include <fstream>
 #include <string>
 
-#include "run_process.hpp"
+#include "run_outputs.hpp"
 
 namespace ddp::test {
 namespace {
 
 namespace fs = std::filesystem;
-
-int count_error_lines(const std::string& err) {
-  int n = 0;
-  for (const auto& l : lines_of(err))
-    if (l.rfind("ddp_train: error: ", 0) == 0) ++n;
-  return n;
-}
-
-void expect_error(const RunResult& r, const std::string& needle) {
-  EXPECT_NE(r.status, 0) << r.err;
-  EXPECT_GE(count_error_lines(r.err), 1) << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr lacks '" << needle << "':\n" << r.err;
-  EXPECT_NE(r.err.find("(rank "), std::string::npos) << r.err;
-  EXPECT_EQ(r.out.find("\"event\":\"summary\""), std::string::npos) << "a failed run printed a summary";
-}
 
 // A copy of the real data set in a temporary directory, for corrupting.
 std::string copy_of_real_data() {
@@ -39,14 +24,14 @@ std::string copy_of_real_data() {
 TEST(CliErrors, MissingDataDirNamesTheDirectory) {
   for (int np : {0, 4}) {
     SCOPED_TRACE("np " + std::to_string(np));
-    expect_error(run_ddp_train(np, "--data-dir /nonexistent/fashion --epochs 1"), "/nonexistent/fashion");
+    expect_failure(run_ddp_train(np, "--data-dir /nonexistent/fashion --epochs 1"), "/nonexistent/fashion");
   }
 }
 
 TEST(CliErrors, MissingFileNamesTheFile) {
   const std::string dir = copy_of_real_data();
   fs::remove(fs::path(dir) / "t10k-labels-idx1-ubyte.gz");
-  expect_error(run_ddp_train(4, "--data-dir " + dir + " --epochs 1"), "t10k-labels-idx1-ubyte");
+  expect_failure(run_ddp_train(4, "--data-dir " + dir + " --epochs 1"), "t10k-labels-idx1-ubyte");
   remove_tree(dir);
 }
 
@@ -63,7 +48,7 @@ TEST(CliErrors, MalformedImagesFileNamesTheFile) {
   for (int np : {0, 4}) {
     SCOPED_TRACE("np " + std::to_string(np));
     auto r = run_ddp_train(np, "--data-dir " + dir + " --epochs 1");
-    expect_error(r, bad);
+    expect_failure(r, bad);
     EXPECT_NE(r.err.find("magic"), std::string::npos) << r.err;
   }
   remove_tree(dir);
@@ -80,24 +65,24 @@ TEST(CliErrors, TruncatedImagesFileNamesTheFile) {
     f << std::string(28 * 28 * 10, '\0');  // only 10 there
   }
   auto r = run_ddp_train(4, "--data-dir " + dir + " --epochs 1");
-  expect_error(r, bad);
+  expect_failure(r, bad);
   EXPECT_NE(r.err.find("truncated"), std::string::npos) << r.err;
   remove_tree(dir);
 }
 
 TEST(CliErrors, BatchNotDivisibleByWorldSize) {
   auto r = run_ddp_train(4, "--synthetic 2000 --batch-size 250 --epochs 1");
-  expect_error(r, "--batch-size 250");
+  expect_failure(r, "--batch-size 250");
   EXPECT_NE(r.err.find("world size 4"), std::string::npos) << r.err;
   // Every rank finds the same fault; it is said once.
-  EXPECT_EQ(count_error_lines(r.err), 1) << r.err;
+  EXPECT_EQ(error_lines(r.err), 1) << r.err;
 }
 
 TEST(CliErrors, DatasetSmallerThanOneGlobalBatch) {
   for (int np : {0, 4}) {
     SCOPED_TRACE("np " + std::to_string(np));
     auto r = run_ddp_train(np, "--synthetic 200 --batch-size 256 --epochs 1");
-    expect_error(r, "dataset too small");
+    expect_failure(r, "dataset too small");
     EXPECT_NE(r.err.find("256"), std::string::npos) << r.err;
   }
 }
@@ -106,7 +91,7 @@ TEST(CliErrors, UnknownModel) {
   for (int np : {0, 4}) {
     SCOPED_TRACE("np " + std::to_string(np));
     auto r = run_ddp_train(np, "--model resnet9000 --epochs 1");
-    expect_error(r, "unknown model 'resnet9000'");
+    expect_failure(r, "unknown model 'resnet9000'");
     EXPECT_NE(r.err.find("lenet"), std::string::npos) << "the message should list the known models: " << r.err;
   }
 }
@@ -114,17 +99,17 @@ TEST(CliErrors, UnknownModel) {
 TEST(CliErrors, UnknownFlag) {
   for (int np : {0, 4}) {
     SCOPED_TRACE("np " + std::to_string(np));
-    expect_error(run_ddp_train(np, "--epochs 1 --learning-rate 0.1"), "learning-rate");
+    expect_failure(run_ddp_train(np, "--epochs 1 --learning-rate 0.1"), "learning-rate");
   }
 }
 
 TEST(CliErrors, BadFlagValue) {
-  expect_error(run_ddp_train(2, "--epochs many"), "epochs");
-  expect_error(run_ddp_train(2, "--lr -1"), "--lr");
+  expect_failure(run_ddp_train(2, "--epochs many"), "epochs");
+  expect_failure(run_ddp_train(2, "--lr -1"), "--lr");
 }
 
 TEST(CliErrors, UnwritableMetricsFile) {
-  expect_error(run_ddp_train(2, "--synthetic 600 --epochs 1 --metrics-out /nonexistent/dir/m.jsonl"),
+  expect_failure(run_ddp_train(2, "--synthetic 600 --epochs 1 --metrics-out /nonexistent/dir/m.jsonl"),
                "/nonexistent/dir/m.jsonl");
 }
 

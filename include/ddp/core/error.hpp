@@ -14,12 +14,19 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An error every rank raises alike, at the same point (from what they all
+// know, or agreed on by a collective), so rank 0 alone reports it.
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
+
 // An error in what the user asked for (flags, their combination with the world
 // size). It depends only on the command line and the world size, so every rank
 // raises the same one and rank 0 alone reports it.
-class UsageError : public Error {
+class UsageError : public CollectiveError {
  public:
-  using Error::Error;
+  using CollectiveError::CollectiveError;
 };
 
 namespace detail {

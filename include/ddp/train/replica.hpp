@@ -23,6 +23,15 @@
 
 namespace ddp::train {
 
+// Whether a step stayed finite. The averaged gradients are the same on every
+// rank, so every rank gives the same grads_finite for a step; loss_finite is
+// this rank's own loss.
+struct StepHealth {
+  bool grads_finite = true;
+  bool loss_finite = true;
+  double loss = 0;  // this rank's mean loss of the step
+};
+
 // What the training steps since the last take_sums() added up to on this rank.
 struct StepSums {
   double loss = 0;       // sum over samples of the per-sample loss
@@ -48,8 +57,12 @@ class Replica {
   virtual void pull() = 0;  // device -> host model and momentum
 
   // One optimizer step on this rank's part of the global batch. May return
-  // before the device has finished it; batch may be reused on return.
-  virtual void train_step(const data::Batch& batch) = 0;
+  // before the device has finished it; batch may be reused on return. When
+  // the averaged gradients hold a NaN or an infinity the parameters are left
+  // as they were and grads_finite is false (the CPU checks every step; a GPU
+  // does not stop to look, and reports true: its divergence shows in the
+  // epoch's loss and in the parameters checked before each save).
+  virtual StepHealth train_step(const data::Batch& batch) = 0;
   // The sums of the steps since the last call (waits for them).
   virtual StepSums take_sums() = 0;
 
