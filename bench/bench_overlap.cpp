@@ -6,7 +6,7 @@
 // Table 1, per buffer size: (a) a blocking all-reduce alone, (b) compute alone
 // (single-threaded GEMMs), (c) allreduce_async -> compute -> wait through our
 // communicator, and (d) a bare MPI_Iallreduce -> compute -> MPI_Wait, which
-// Open MPI does not progress in the background (PLATFORM.md 1.5). Overlap
+// Open MPI does not progress in the background (bench/RESULTS.md, the overlap numbers). Overlap
 // works when (c)'s wait is ~0 and its total ~ max(a, b) rather than a + b.
 //
 // Table 2 (--poll): how the communication thread should wait (MpiOptions),

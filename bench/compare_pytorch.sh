@@ -1,37 +1,67 @@
 #!/usr/bin/env bash
-# Side by side, in one run: ddp_train and PyTorch DDP (gloo) on d2l's LeNet
-# recipe (batch 256, lr 0.2, plain SGD) over the Fashion-MNIST subset, at
-# world sizes 1 and 2, alternating the two so machine noise hits both alike.
-# Prints samples/s (median over repetitions of each run's median epoch) and
-# the ratio; then ddp_train's step time with overlapped vs deferred
-# all-reduce. Usage: bench/compare_pytorch.sh [reps (3)] [epochs per run (6)]
+# Side by side, in one run: ddp_train and PyTorch DDP (gloo) on one of d2l's
+# recipes over the Fashion-MNIST subset, at world sizes 1 and 2, alternating
+# the runs so machine noise hits every side alike, the same threads per rank
+# (cores / ranks) on every side. Two PyTorch peers: the newest PyTorch that
+# pip installs (into a venv outside the repository, made here on first use:
+# $DDP_BENCH_VENV, default <repo>/../.ddp-bench-venv) and Debian's
+# python3-torch (a second row). Prints samples/s (median over repetitions of
+# each run's median epoch) and the ratios; for LeNet also ddp_train's step
+# time with overlapped vs deferred all-reduce.
+#
+# Usage: bench/compare_pytorch.sh [--model lenet|resnet18] [reps (3)] [epochs per run]
+#   lenet:    batch 256, lr 0.2, the whole subset, 6 epochs a run
+#   resnet18: batch 256, lr 0.1, its first 512 images (--train-limit), 2 epochs a run
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+model=lenet
+if [[ "${1:-}" == "--model" ]]; then
+  model=$2
+  shift 2
+fi
+case $model in
+  lenet) recipe="--batch-size 256 --lr 0.2" default_epochs=6 ;;
+  resnet18) recipe="--batch-size 256 --lr 0.1 --train-limit 512" default_epochs=2 ;;
+  *) echo "compare_pytorch.sh: --model lenet or resnet18, not '$model'" >&2; exit 2 ;;
+esac
 reps=${1:-3}
-epochs=${2:-6}
+epochs=${2:-$default_epochs}
 data=${DDP_DATA_DIR:-$root/../shared/data/fashion-mnist-subset}
 bin=${DDP_TRAIN:-$root/build/bin/ddp_train}
-"$root/scripts/install-deps.sh" --bench
+venv=${DDP_BENCH_VENV:-$root/../.ddp-bench-venv}
+"$root/scripts/install-deps.sh"
 [[ -x $bin ]] || "$root/scripts/build.sh"
+if [[ ! -x $venv/bin/python ]]; then
+  echo "making $venv with the newest PyTorch from pip"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q torch numpy
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-recipe="--model lenet --data-dir $data --epochs $epochs --batch-size 256 --lr 0.2"
+args="--model $model --data-dir $data --epochs $epochs $recipe"
 
 field() { /usr/bin/python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['$1'])"; }
 median() { /usr/bin/python3 -c "import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))" "$@"; }
+ratio() { /usr/bin/python3 -c "print(f'{$1/$2:.2f}')"; }
+torch_rate() {  # PYTHON NP
+  "$1" "$root/bench/torch_ddp.py" --world-size "$2" $args | field samples_per_sec
+}
 
-echo "ddp_train vs PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') DDP (gloo), LeNet, batch 256, $epochs epochs x $reps reps, $(nproc) cores"
-printf "%-6s %14s %14s %8s\n" np "ddp samples/s" "torch samples/s" ratio
+new=$("$venv/bin/python" -c 'import torch; print(torch.__version__)')
+old=$(/usr/bin/python3 -c 'import torch; print(torch.__version__)')
+echo "ddp_train vs PyTorch DDP (gloo), $model: $args, $reps reps, $(nproc) cores, $(date -u +%F)"
+printf "%-4s %14s %16s %7s %16s %7s\n" np "ddp samples/s" "torch $new" ratio "torch $old" ratio
 for np in 1 2; do
-  ours=() theirs=()
+  ours=() newer=() older=()
   for ((i = 0; i < reps; i++)); do
-    ours+=("$(mpirun -np "$np" --oversubscribe --bind-to none "$bin" $recipe --quiet | field samples_per_sec)")
-    theirs+=("$(/usr/bin/python3 "$root/bench/torch_ddp_lenet.py" --world-size "$np" --data-dir "$data" \
-                 --epochs "$epochs" --batch-size 256 --lr 0.2 | field samples_per_sec)")
+    ours+=("$(mpirun -np "$np" --oversubscribe --bind-to none "$bin" $args --quiet | field samples_per_sec)")
+    newer+=("$(torch_rate "$venv/bin/python" "$np")")
+    older+=("$(torch_rate /usr/bin/python3 "$np")")
   done
-  o=$(median "${ours[@]}"); t=$(median "${theirs[@]}")
-  printf "%-6s %14.0f %14.0f %8.2f\n" "$np" "$o" "$t" "$(/usr/bin/python3 -c "print($o/$t)")"
+  o=$(median "${ours[@]}") n=$(median "${newer[@]}") d=$(median "${older[@]}")
+  printf "%-4s %14.1f %16.1f %7s %16.1f %7s\n" "$np" "$o" "$n" "$(ratio "$o" "$n")" "$d" "$(ratio "$o" "$d")"
 done
 
+[[ $model == lenet ]] || exit 0
 # Overlap: small buckets so several all-reduces run during backward.
 echo
 echo "ddp_train -np 2, --bucket-cap-mb 0.1: step time with all-reduce during backward vs after it"
@@ -40,7 +70,7 @@ for mode in overlap deferred; do
   flag=""; [[ $mode == deferred ]] && flag="--no-overlap"
   times=()
   for ((i = 0; i < reps; i++)); do
-    out=$(mpirun -np 2 --oversubscribe --bind-to none "$bin" $recipe --bucket-cap-mb 0.1 $flag --quiet)
+    out=$(mpirun -np 2 --oversubscribe --bind-to none "$bin" $args --bucket-cap-mb 0.1 $flag --quiet)
     times+=("$(/usr/bin/python3 -c "import json,sys; s=json.loads(sys.argv[1].splitlines()[-1]); print(1000*s['epoch_sec_median']/s['steps_per_epoch'])" "$out")")
   done
   printf "%-10s %12.2f\n" "$mode" "$(median "${times[@]}")"

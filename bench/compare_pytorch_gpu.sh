@@ -30,7 +30,7 @@ for ((i = 0; i < reps; i++)); do
   out=$("$bin" --device cuda --backend nccl --model lenet --synthetic $n --epochs "$epochs" --batch-size 256 \
           --lr 0.2 --quiet)
   ours_s+=("$(field epoch_sec_median <<<"$out")"); ours_r+=("$(field samples_per_sec <<<"$out")")
-  out=$("$py" "$root/bench/torch_ddp_lenet.py" --device cuda --world-size 1 --synthetic $n --epochs "$epochs" \
+  out=$("$py" "$root/bench/torch_ddp.py" --device cuda --world-size 1 --synthetic $n --epochs "$epochs" \
           --batch-size 256 --lr 0.2)
   theirs_s+=("$(field epoch_sec_median <<<"$out")"); theirs_r+=("$(field samples_per_sec <<<"$out")")
 done

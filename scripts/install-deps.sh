@@ -12,12 +12,10 @@ packages=(
   zlib1g-dev                         # gzip IDX files
   libgtest-dev                       # tests
   python3 python3-numpy              # checks of written model files
+  python3-torch                      # the same files in PyTorch's definitions (tests/python)
   iproute2                           # tests/netns: two fake hosts (ip netns, veth)
   slurm-wlm munge                    # tests/slurm: a local Slurm cluster (slurmctld, slurmd, srun)
 )
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch)          # the PyTorch DDP side of the benchmark
-fi
 
 missing=()
 for p in "${packages[@]}"; do

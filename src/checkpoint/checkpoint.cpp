@@ -119,7 +119,8 @@ std::string encode_checkpoint(const RunState& state, const std::vector<TensorVie
   for (const auto& t : tensors) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    payload.append(reinterpret_cast<const char*>(t.data), static_cast<size_t>(n) * sizeof(float));
+    const char* p = t.ints ? reinterpret_cast<const char*>(t.ints) : reinterpret_cast<const char*>(t.data);
+    payload.append(p, static_cast<size_t>(n) * element_size(t.dtype()));
   }
   char crc[16];
   std::snprintf(crc, sizeof(crc), "%08x", payload_crc(payload, meta));
@@ -140,8 +141,7 @@ Checkpoint decode_checkpoint(const std::string& path, const std::string& bytes) 
   DDP_CHECK(version >= 1, path, ": checkpoint format version ", version, " is not valid");
   // The CRC is over the tensor bytes as stored, in file order.
   std::string payload;
-  for (const auto& t : c.file.tensors)
-    payload.append(reinterpret_cast<const char*>(t.data.data()), t.data.size() * sizeof(float));
+  for (const auto& t : c.file.tensors) payload.append(t.bytes(), t.byte_size());
   char crc[16];
   std::snprintf(crc, sizeof(crc), "%08x", payload_crc(payload, m));
   DDP_CHECK(field(path, m, "payload_crc32") == crc, path, ": checksum mismatch (stored ",

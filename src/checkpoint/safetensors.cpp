@@ -46,6 +46,16 @@ void write_all(int fd, const char* p, size_t n, const std::string& path) {
 
 }  // namespace
 
+const char* to_string(Dtype d) { return d == Dtype::I64 ? "I64" : "F32"; }
+size_t element_size(Dtype d) { return d == Dtype::I64 ? sizeof(int64_t) : sizeof(float); }
+
+const char* Tensor::bytes() const {
+  return dtype == Dtype::I64 ? reinterpret_cast<const char*>(ints.data()) : reinterpret_cast<const char*>(data.data());
+}
+size_t Tensor::byte_size() const {
+  return dtype == Dtype::I64 ? ints.size() * sizeof(int64_t) : data.size() * sizeof(float);
+}
+
 const Tensor* SafetensorsFile::find(const std::string& name) const {
   for (const auto& t : tensors)
     if (t.name == name) return &t;
@@ -85,8 +95,8 @@ std::string encode_safetensors(const std::vector<TensorView>& tensors,
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
   for (const auto& t : tensors) {
-    const size_t bytes = static_cast<size_t>(numel(t.shape)) * sizeof(float);
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    const size_t bytes = static_cast<size_t>(numel(t.shape)) * element_size(t.dtype());
+    header[t.name] = {{"dtype", to_string(t.dtype())}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string h = header.dump();
@@ -98,8 +108,10 @@ std::string encode_safetensors(const std::vector<TensorView>& tensors,
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
   out += h;
   static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");
-  for (const auto& t : tensors)
-    out.append(reinterpret_cast<const char*>(t.data), static_cast<size_t>(numel(t.shape)) * sizeof(float));
+  for (const auto& t : tensors) {
+    const char* p = t.ints ? reinterpret_cast<const char*>(t.ints) : reinterpret_cast<const char*>(t.data);
+    out.append(p, static_cast<size_t>(numel(t.shape)) * element_size(t.dtype()));
+  }
   return out;
 }
 
@@ -121,6 +133,7 @@ namespace {
 struct Entry {
   std::string name;
   std::vector<int64_t> shape;
+  Dtype dtype = Dtype::F32;
   uint64_t begin = 0, end = 0;
 };
 
@@ -132,12 +145,18 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   const auto offsets = e.find("data_offsets");
   if (dtype == e.end() || shape == e.end() || offsets == e.end()) bad("entry lacks dtype, shape or data_offsets");
   if (!dtype->is_string()) bad("dtype is not a string");
-  if (dtype->get<std::string>() != "F32") bad("dtype " + dtype->get<std::string>() + ", expected F32");
   Entry t;
   t.name = name;
+  const std::string type = dtype->get<std::string>();
+  if (type == "I64") {
+    t.dtype = Dtype::I64;
+  } else if (type != "F32") {
+    bad("dtype " + type + ", expected F32 (or I64 for a counter)");
+  }
+  const uint64_t elem = element_size(t.dtype);
   // numel = product of the shape, checked against what the buffer can hold
   // before any multiplication can overflow.
-  const uint64_t max_numel = data_size / sizeof(float);
+  const uint64_t max_numel = data_size / elem;
   uint64_t numel = 1;
   if (!shape->is_array()) bad("shape is not an array");
   for (const json& d : *shape) {
@@ -156,7 +175,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   if (t.begin > t.end || t.end > data_size)
     bad("data offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ") are outside the " +
         std::to_string(data_size) + " data bytes (truncated?)");
-  if (numel > max_numel || t.end - t.begin != numel * sizeof(float))
+  if (numel > max_numel || t.end - t.begin != numel * elem)
     bad("shape " + shape->dump() + " does not match its " + std::to_string(t.end - t.begin) + " bytes");
   return t;
 }
@@ -210,8 +229,14 @@ SafetensorsFile decode_safetensors(const std::string& path, const std::string& b
       Tensor t;
       t.name = std::move(e.name);
       t.shape = std::move(e.shape);
-      t.data.resize((e.end - e.begin) / sizeof(float));
-      if (!t.data.empty()) std::memcpy(t.data.data(), data + e.begin, e.end - e.begin);
+      t.dtype = e.dtype;
+      if (t.dtype == Dtype::I64) {
+        t.ints.resize((e.end - e.begin) / sizeof(int64_t));
+        if (!t.ints.empty()) std::memcpy(t.ints.data(), data + e.begin, e.end - e.begin);
+      } else {
+        t.data.resize((e.end - e.begin) / sizeof(float));
+        if (!t.data.empty()) std::memcpy(t.data.data(), data + e.begin, e.end - e.begin);
+      }
       f.tensors.push_back(std::move(t));
     }
   } catch (const Error&) {

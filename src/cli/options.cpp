@@ -51,6 +51,7 @@ void validate(const train::Config& c, int world_size) {
   range("timeout", c.timeout_sec, kMinTimeoutSec, kMaxTimeoutSec, " seconds");
   range("preflight-timeout", c.preflight_timeout_sec, kMinTimeoutSec, kMaxTimeoutSec, " seconds");
   range("synthetic", c.synthetic, int64_t(0), kMaxSynthetic, " images (0: the default)");
+  range("train-limit", c.train_limit, int64_t(0), int64_t(UINT32_MAX), " images (0: all)");
   usage(c.data_dir.empty() || c.synthetic == 0, "--data-dir and --synthetic are exclusive: name one dataset");
   usage(c.device == "auto" || c.device == "cpu" || c.device == "cuda", "--device must be auto, cpu or cuda, got '",
         c.device, "'");
@@ -105,10 +106,11 @@ Parsed parse_options(int argc, char** argv, int world_size) {
   const auto text = [] { return cxxopts::value<std::string>(); };
   // clang-format off
   opts.add_options()
-    ("model", "lenet or mlp", cxxopts::value(c.model)->default_value(c.model))
+    ("model", "lenet, mlp or resnet18", cxxopts::value(c.model)->default_value(c.model))
     ("data-dir", "directory with Fashion-MNIST/MNIST IDX files (gzip or raw)", cxxopts::value(c.data_dir))
     ("synthetic", "train on N generated images (default when no --data-dir: " +
          std::to_string(train::kDefaultSynthetic) + ")", text())
+    ("train-limit", "train on the first N training images only (default 0: all)", text())
     ("epochs", "epochs to train (default " + std::to_string(c.epochs) + ")", text())
     ("batch-size", "GLOBAL batch size, split evenly over ranks (default " + std::to_string(c.batch_size) + ")", text())
     ("lr", "learning rate (default 0.2)", text())
@@ -120,6 +122,8 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     ("device", "auto, cpu or cuda", cxxopts::value(c.device)->default_value(c.device))
     ("bucket-cap-mb", "gradient bucket size in MiB; the first bucket is at most 1 MiB (default 25)", text())
     ("no-overlap", "all-reduce every bucket after backward instead of during it", cxxopts::value<bool>())
+    ("sync-bn", "BatchNorm statistics over all ranks' batches (SyncBatchNorm), not each rank's own",
+         cxxopts::value(c.sync_bn))
     ("timeout", "seconds any collective may take before the job is ended (default 300)", text())
     ("preflight-timeout", "seconds the start-up check that every rank can reach the others may take "
          "(default 60)", text())
@@ -143,6 +147,7 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     if (!result.unmatched().empty())
       throw UsageError("unexpected argument '" + result.unmatched().front() + "' (see --help)");
     read_number(result, "synthetic", c.synthetic);
+    read_number(result, "train-limit", c.train_limit);
     read_number(result, "epochs", c.epochs);
     read_number(result, "batch-size", c.batch_size);
     read_number(result, "lr", c.lr);

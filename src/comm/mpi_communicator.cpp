@@ -1,8 +1,9 @@
 // The MPI backend of Communicator: host memory, Open MPI collectives.
 //
-// Note [mpi progress]: Open MPI 4.1 has no asynchronous progress (PLATFORM.md
-// 1.5): a non-blocking collective moves only while some thread of this process
-// is inside an MPI call. So every request we start is driven by a loop of
+// Note [mpi progress]: Open MPI 4.1 has no asynchronous progress (measured
+// with bench/bench_overlap.cpp, bench/RESULTS.md): a non-blocking collective
+// moves only while some thread of this process is inside an MPI call. So
+// every request we start is driven by a loop of
 // MPI_Test on the thread that waits for it: the communication thread for
 // all-reduces, so that they move while the caller computes; the caller itself
 // for the blocking collectives. We never block inside MPI: a loop can give up
@@ -26,8 +27,8 @@
 // collectives work on staging buffers we own, and one that timed out keeps its
 // buffer (orphans_) until it completes, which it does if the late peers still
 // arrive. If it never completes, buffer and communicator are leaked on
-// purpose: the job is ending anyway (DESIGN.md: any error ends the job).
-// All-reduces work in place on the caller's buffer (DESIGN.md 6: no copy), so
+// purpose: the job is ending anyway (README, "Errors": any error ends the job).
+// All-reduces work in place on the caller's buffer (Note [flat layout] in nn/graph.hpp: a bucket is all-reduced in place), so
 // after a timed-out all-reduce that buffer must outlive the process's MPI use.
 #include <mpi.h>
 

@@ -1,5 +1,5 @@
-// Bucketed gradient averaging (DESIGN.md 7). The invariants this file relies
-// on are Note [bucket order] (reducer.hpp) and Note [flat layout] (nn/model.hpp).
+// Bucketed gradient averaging (docs/ARCHITECTURE.md, ddp/). The invariants this file relies
+// on are Note [bucket order] (reducer.hpp) and Note [flat layout] (nn/graph.hpp).
 #include "ddp/ddp/reducer.hpp"
 
 #include <algorithm>
@@ -145,13 +145,12 @@ void Reducer::launch(size_t k) {
                      b.first_param, "..", b.last_param == 0 ? 0 : b.last_param - 1, ")"));
 }
 
-void broadcast_parameters(comm::Communicator& comm, float* data, size_t count) {
+void broadcast_from_rank0(comm::Communicator& comm, float* data, size_t count, const std::string& what) {
   if (comm.size() == 1) return;
   for (size_t off = 0; off < count; off += kBroadcastChunkFloats) {
     const size_t n = std::min(kBroadcastChunkFloats, count - off);
     comm.broadcast(data + off, n * sizeof(float), 0,
-                   detail::concat("broadcast of parameters [", off, ", ", off + n, ") of ", count,
-                                  " from rank 0"));
+                   detail::concat("broadcast of ", what, " [", off, ", ", off + n, ") of ", count, " from rank 0"));
   }
 }
 

@@ -5,50 +5,40 @@
 // the convolution's backward. Unlike the CPU twin the pooling is not fused
 // into the convolution (that would take a convolution kernel of our own):
 // correctness first, one extra pass over the conv output.
-#include "cuda_layers.hpp"
+#include "cuda_kernels.hpp"
 #include "ddp/core/error.hpp"  // DDP_CHECK
 
 namespace ddp::nn {
 
 namespace {
 
-// The convolution's output before pooling; the CPU twin has checked the
-// geometry and that it is at least 2x2.
-Shape conv_output(const LayerSpec& s) {
-  return Shape{s.out, (s.in.h + 2 * s.pad - s.k) / s.stride + 1, (s.in.w + 2 * s.pad - s.k) / s.stride + 1};
+// The convolution's output before pooling (the graph checked the geometry).
+Shape conv_output(const Op& op) {
+  return Shape{op.out_c, (op.in.h + 2 * op.pad - op.k) / op.stride + 1, (op.in.w + 2 * op.pad - op.k) / op.stride + 1};
 }
 
 }  // namespace
 
-CudaConvReluPool::CudaConvReluPool(const LayerSpec& spec, cuda::Context& ctx)
-    : CudaLayer(spec, ctx),
-      conv_(conv_output(spec)),
-      conv_op_(spec.name, spec.in, spec.out, spec.k, spec.stride, spec.pad, conv_) {
-  DDP_CHECK(out_ == (Shape{conv_.c, conv_.h / 2, conv_.w / 2}), "layer ", name(), ": output ", to_string(out_),
+CudaConvReluPool::CudaConvReluPool(const Op& op, cuda::Context& ctx)
+    : op_(op), ctx_(ctx), conv_(conv_output(op)), conv_op_(op.name, op.in, op.out_c, op.k, op.stride, op.pad, conv_) {
+  DDP_CHECK(op.out == (Shape{conv_.c, conv_.h / 2, conv_.w / 2}), "output ", to_string(op.out),
             " is not the pooled conv output ", to_string(conv_));
 }
 
-void CudaConvReluPool::bind(const std::vector<float*>& params, const std::vector<float*>& grads) {
-  p_.bind(name(), params, grads);
+void CudaConvReluPool::forward(const OpArgs& a) {
+  pre_.reserve(ctx_, size_t(a.batch) * size_t(conv_.numel()));
+  conv_op_.forward(ctx_, a.batch, a.x[0], a.p[0], a.p[1], pre_.data());
+  avgpool2_forward_cuda(int64_t(a.batch) * conv_.c, conv_.h, conv_.w, pre_.data(), /*relu=*/true, a.y,
+                        ctx_.compute());
+  fwd_batch_ = a.batch;
 }
 
-void CudaConvReluPool::forward(const float* x, int batch, float* y) {
-  DDP_CHECK(p_.w, "layer ", name(), ": forward before bind");
-  DDP_CHECK(batch > 0, "layer ", name(), ": forward with batch ", batch);
-  pre_.reserve(ctx_, size_t(batch) * size_t(conv_.numel()));
-  conv_op_.forward(ctx_, batch, x, p_.w, p_.b, pre_.data());
-  avgpool2_forward_cuda(int64_t(batch) * conv_.c, conv_.h, conv_.w, pre_.data(), /*relu=*/true, y, ctx_.compute());
-  fwd_batch_ = batch;
-}
-
-void CudaConvReluPool::backward(const float* x, const float* /*y*/, const float* dy, int batch, float* dx) {
-  DDP_CHECK(p_.dw, "layer ", name(), ": backward before bind");
-  DDP_CHECK(fwd_batch_ == batch, "layer ", name(), ": backward for batch ", batch, " after forward of batch ",
-            fwd_batch_);
-  dpre_.reserve(ctx_, size_t(batch) * size_t(conv_.numel()));
-  avgpool2_backward_cuda(int64_t(batch) * conv_.c, conv_.h, conv_.w, dy, /*mask=*/pre_.data(), dpre_.data(),
+void CudaConvReluPool::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
+  DDP_CHECK(fwd_batch_ == a.batch, "backward for batch ", a.batch, " after forward of batch ", fwd_batch_);
+  dpre_.reserve(ctx_, size_t(a.batch) * size_t(conv_.numel()));
+  avgpool2_backward_cuda(int64_t(a.batch) * conv_.c, conv_.h, conv_.w, dy, /*mask=*/pre_.data(), dpre_.data(),
                          ctx_.compute());
-  conv_op_.backward(ctx_, batch, x, p_.w, dpre_.data(), p_.dw, p_.db, dx);
+  conv_op_.backward(ctx_, a.batch, a.x[0], a.p[0], dpre_.data(), a.dp[0], a.dp[1], dx[0]);
 }
 
 }  // namespace ddp::nn

@@ -1,4 +1,4 @@
-// The cuDNN convolution under CudaConv2d and CudaConvReluPool: descriptors
+// The cuDNN convolution under CudaConv and CudaConvReluPool: descriptors
 // made once, algorithms chosen once per batch size.
 //
 // Note [fma math]: the convolution descriptor asks for CUDNN_FMA_MATH, not
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_layers.hpp"
+#include "cuda_kernels.hpp"
 #include "ddp/core/error.hpp"           // DDP_CHECK, DDP_FAIL, ddp::Error, detail::concat
 #include "ddp/nn/conv_algo.hpp"         // choose_conv_algo: Note [conv algorithms]
 #include "ddp/runtime/cuda_check.hpp"   // DDP_CUDNN_CHECK
@@ -44,7 +44,7 @@ const Perf& pick(cuda::Context& ctx, const std::string& layer, const std::vector
   const Perf& p = perf[size_t(choice.index)];
   if (!choice.deterministic)
     ctx.warn_once("cudnn-nondeterministic",
-                  detail::concat("layer ", layer, ": cuDNN has no deterministic ", what,
+                  detail::concat("op ", layer, ": cuDNN has no deterministic ", what,
                                  " algorithm for this geometry; running algorithm ", int(p.algo),
                                  ", so repeated and resumed runs may differ in the last bits"));
   return p;
@@ -67,9 +67,9 @@ struct CudnnConv::Plan {
   }
 };
 
-CudnnConv::CudnnConv(const std::string& layer, Shape in, int out_c, int k, int stride, int pad, Shape out)
-    : layer_(layer), in_(in), out_(out) {
-  DDP_CHECK(out.c == out_c, "layer ", layer_, ": conv output ", to_string(out), " for ", out_c, " channels");
+CudnnConv::CudnnConv(const std::string& op, Shape in, int out_c, int k, int stride, int pad, Shape out)
+    : layer_(op), in_(in), out_(out) {
+  DDP_CHECK(out.c == out_c, "op ", layer_, ": conv output ", to_string(out), " for ", out_c, " channels");
   try {
     DDP_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc_));
     // [out_c, in_c, k, k], PyTorch's weight layout.
@@ -82,7 +82,7 @@ CudnnConv::CudnnConv(const std::string& layer, Shape in, int out_c, int k, int s
     DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bias_desc_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, out_c, 1, 1));
   } catch (const Error& e) {
     release();  // the destructor does not run for a constructor that throws
-    DDP_FAIL("layer ", layer_, ": ", e.what());
+    DDP_FAIL("op ", layer_, ": ", e.what());
   }
 }
 
@@ -156,7 +156,7 @@ void CudnnConv::forward(cuda::Context& ctx, int batch, const float* x, const flo
     // y += b, broadcast over batch and pixels (bias_desc_ is 1 x C x 1 x 1).
     if (b) DDP_CUDNN_CHECK(cudnnAddTensor(ctx.dnn(), &one, bias_desc_, b, &one, p.y, y));
   } catch (const Error& e) {
-    DDP_FAIL("layer ", layer_, ": forward: ", e.what());
+    DDP_FAIL("op ", layer_, ": forward: ", e.what());
   }
 }
 
@@ -179,7 +179,7 @@ void CudnnConv::backward(cuda::Context& ctx, int batch, const float* x, const fl
                                                    p.bwd_data_bytes, &zero, p.x, dx));
     }
   } catch (const Error& e) {
-    DDP_FAIL("layer ", layer_, ": backward: ", e.what());
+    DDP_FAIL("op ", layer_, ": backward: ", e.what());
   }
 }
 

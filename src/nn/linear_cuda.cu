@@ -1,7 +1,7 @@
 // Linear on the GPU: cuBLAS SGEMMs on the row-major tensors of linear_cpu.cpp,
 // shaped by kernel_math.hpp (Note [row-major gemm]), and two small kernels
 // for the bias.
-#include "cuda_layers.hpp"
+#include "cuda_kernels.hpp"
 #include "ddp/core/error.hpp"          // DDP_CHECK, DDP_FAIL
 #include "ddp/nn/kernel_math.hpp"      // linear_*_gemm, linear_bias_at, linear_bias_grad_at
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUBLAS_CHECK, DDP_CUDA_CHECK_LAUNCH
@@ -36,37 +36,26 @@ auto cublas_gemm(cublasHandle_t blas) {
 
 }  // namespace
 
-CudaLinear::CudaLinear(const LayerSpec& spec, cuda::Context& ctx)
-    : CudaLayer(spec, ctx), in_(int(spec.in.numel())), outf_(spec.out) {}
-
-void CudaLinear::bind(const std::vector<float*>& params, const std::vector<float*>& grads) {
-  p_.bind(name(), params, grads);
-}
-
-void CudaLinear::forward(const float* x, int batch, float* y) {
-  DDP_CHECK(p_.w, "layer ", name(), ": forward before bind");
-  if (batch <= 0) return;
+void CudaLinear::forward(const OpArgs& a) {
+  if (a.batch <= 0) return;
   try {
-    const int64_t n = int64_t(batch) * outf_;
-    fill_rows_kernel<<<cuda_grid(n), kCudaThreads, 0, ctx_.compute()>>>(batch, outf_, p_.b, y);
+    const int64_t n = int64_t(a.batch) * out_;
+    fill_rows_kernel<<<cuda_grid(n), kCudaThreads, 0, ctx_.compute()>>>(a.batch, out_, a.p[1], a.y);
     DDP_CUDA_CHECK_LAUNCH(fill_rows_kernel);
-    kernel::linear_forward_gemm(batch, in_, outf_, x, p_.w, y, cublas_gemm(ctx_.blas()));
+    kernel::linear_forward_gemm(a.batch, in_, out_, a.x[0], a.p[0], a.y, cublas_gemm(ctx_.blas()));
   } catch (const Error& e) {
-    DDP_FAIL("layer ", name(), ": forward: ", e.what());
+    DDP_FAIL("op ", name_, ": forward: ", e.what());
   }
 }
 
-void CudaLinear::backward(const float* x, const float* /*y*/, const float* dy, int batch, float* dx) {
-  DDP_CHECK(p_.dw, "layer ", name(), ": backward before bind");
-  if (batch <= 0) return;
+void CudaLinear::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
+  if (a.batch <= 0) return;
   try {
-    if (p_.db) {
-      bias_grad_kernel<<<cuda_grid(outf_), kCudaThreads, 0, ctx_.compute()>>>(batch, outf_, dy, p_.db);
-      DDP_CUDA_CHECK_LAUNCH(bias_grad_kernel);
-    }
-    kernel::linear_backward_gemm(batch, in_, outf_, x, p_.w, dy, p_.dw, dx, cublas_gemm(ctx_.blas()));
+    bias_grad_kernel<<<cuda_grid(out_), kCudaThreads, 0, ctx_.compute()>>>(a.batch, out_, dy, a.dp[1]);
+    DDP_CUDA_CHECK_LAUNCH(bias_grad_kernel);
+    kernel::linear_backward_gemm(a.batch, in_, out_, a.x[0], a.p[0], dy, a.dp[0], dx[0], cublas_gemm(ctx_.blas()));
   } catch (const Error& e) {
-    DDP_FAIL("layer ", name(), ": backward: ", e.what());
+    DDP_FAIL("op ", name_, ": backward: ", e.what());
   }
 }
 

@@ -1,5 +1,5 @@
-// Softmax cross-entropy and accuracy on the GPU (cuda_model.hpp), the twins
-// of loss_cpu.cpp and count_correct in loss.cpp: one thread a row
+// Softmax cross-entropy and accuracy on the GPU (cuda_device.hpp), the twins
+// of loss_cpu.cpp and count_correct in model.cpp: one thread a row
 // (kernel_math.hpp's argmax_row and softmax_xent_row), then one block-wide
 // sum so each block adds its loss and correct count to the device totals
 // with one atomicAdd each. The totals stay on the device: an epoch's metrics
@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "ddp/core/error.hpp"          // DDP_CHECK
-#include "ddp/nn/cuda_model.hpp"
+#include "ddp/nn/cuda_device.hpp"
 #include "ddp/nn/kernel_math.hpp"      // argmax_row, softmax_xent_row
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK_LAUNCH
 

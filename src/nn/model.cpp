@@ -1,20 +1,18 @@
-// Model: layers in sequence over one flat parameter buffer and one flat
-// gradient buffer (Note [flat layout] in model.hpp).
+// Model: the executor of a Graph on a Device (model.hpp), and init_state.
 #include "ddp/nn/model.hpp"
 
 #include <algorithm>
-#include <cstring>
+#include <cmath>
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/rng.hpp"
-#include "ddp/nn/layers.hpp"
-#include "ddp/nn/thread_pool.hpp"
+#include "ddp/nn/cpu_ops.hpp"
 
 namespace ddp::nn {
 
 namespace {
 
-// FNV-1a: each tensor's init stream is keyed by its name, so adding a layer to
+// FNV-1a: each tensor's init stream is keyed by its name, so adding an op to
 // a model leaves the other tensors' initial values unchanged.
 uint64_t name_key(const std::string& s) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -25,139 +23,191 @@ uint64_t name_key(const std::string& s) {
   return h;
 }
 
+void init_tensor(const TensorInfo& t, uint64_t seed, float* p) {
+  switch (t.init) {
+    case Init::Zero:
+      std::fill(p, p + t.numel, 0.0f);
+      return;
+    case Init::One:
+      std::fill(p, p + t.numel, 1.0f);
+      return;
+    case Init::Normal001: {
+      Rng rng(seed, name_key(t.name));
+      for (size_t j = 0; j < t.numel; ++j) p[j] = static_cast<float>(0.01 * rng.normal());
+      return;
+    }
+    case Init::Uniform: {
+      Rng rng(seed, name_key(t.name));
+      for (size_t j = 0; j < t.numel; ++j) {
+        const double u = double(rng.next_u64() >> 11) * 0x1.0p-53;  // [0, 1)
+        p[j] = static_cast<float>(t.bound * (2.0 * u - 1.0));
+      }
+      return;
+    }
+  }
+}
+
 }  // namespace
 
-FlatLayout plan_layout(const std::string& model, Shape input, const std::vector<std::unique_ptr<Layer>>& layers) {
-  DDP_CHECK(!layers.empty(), "model ", model, ": no layers");
-  DDP_CHECK(input.numel() > 0, "model ", model, ": empty input shape ", to_string(input));
-  FlatLayout lay;
-  lay.shapes.push_back(input);
-  for (const auto& l : layers) {
-    DDP_CHECK(l, "model ", model, ": null layer");
+ModelState init_state(const Graph& g, uint64_t seed) {
+  ModelState s;
+  s.params.assign(g.num_params, 0.0f);
+  s.buffers.assign(g.num_buffers, 0.0f);
+  s.counters.assign(g.counters.size(), 0);
+  for (const TensorInfo& t : g.params) init_tensor(t, seed, s.params.data() + t.offset);
+  for (const TensorInfo& t : g.buffers) init_tensor(t, seed, s.buffers.data() + t.offset);
+  return s;
+}
+
+Model::Model(Graph graph, Device& device, StatsReducer* stats)
+    : graph_(std::move(graph)), device_(device), counters_(graph_.counters.size(), 0) {
+  const Graph& g = graph_;
+  params_ = device_.alloc(g.num_params);
+  grads_ = device_.alloc(g.num_params);
+  if (g.num_buffers) buffers_ = device_.alloc(g.num_buffers);
+  const ModelState fresh = init_state(g, 0);  // buffers start as their specs say
+  if (g.num_buffers) device_.from_host(buffers(), fresh.buffers.data(), g.num_buffers);
+  const size_t n_ops = g.ops.size();
+  kernels_.resize(n_ops);
+  args_.resize(n_ops);
+  for (size_t i = 0; i < n_ops; ++i) {
     try {
-      lay.shapes.push_back(l->output_shape(lay.shapes.back()));
+      kernels_[i] = device_.kernel(g, i, stats);
     } catch (const Error& e) {
-      DDP_FAIL("model ", model, ": ", e.what());
+      DDP_FAIL("model ", g.model, ": op ", g.ops[i].name, ": ", e.what());
     }
-  }
-  // Note [flat layout]: last layer first, each layer's tensors in spec order.
-  const size_t n_layers = layers.size();
-  lay.layer_params.resize(n_layers);
-  lay.ready_after.assign(n_layers, 0);
-  size_t offset = 0;
-  for (size_t i = n_layers; i-- > 0;) {
-    for (const ParamSpec& spec : layers[i]->param_specs()) {
-      const int64_t n = spec.numel();
-      DDP_CHECK(n > 0, "model ", model, ": parameter ", layers[i]->name(), ".", spec.name, " is empty");
-      ParamInfo p;
-      p.name = layers[i]->name() + "." + spec.name;
-      for (const ParamInfo& q : lay.params)
-        DDP_CHECK(q.name != p.name, "model ", model, ": duplicate parameter name ", p.name);
-      p.shape = spec.shape;
-      p.offset = offset;
-      p.numel = size_t(n);
-      offset += p.numel;
-      lay.layer_params[i].push_back(lay.params.size());
-      lay.params.push_back(std::move(p));
-      lay.inits.push_back(spec.init);
+    OpArgs& a = args_[i];
+    for (size_t k : g.op_params[i]) {
+      a.p.push_back(params() + g.params[k].offset);
+      a.dp.push_back(grads() + g.params[k].offset);
     }
-    lay.ready_after[i] = offset;
+    for (size_t k : g.op_buffers[i]) a.buf.push_back(buffers() + g.buffers[k].offset);
+    a.x.resize(g.ops[i].inputs.size());
   }
-  lay.numel = offset;
-  return lay;
-}
-
-void bind_layers(const FlatLayout& layout, const std::vector<std::unique_ptr<Layer>>& layers, float* params,
-                 float* grads) {
-  for (size_t i = 0; i < layers.size(); ++i) {
-    std::vector<float*> ps, gs;
-    for (size_t k : layout.layer_params[i]) {
-      ps.push_back(params + layout.params[k].offset);
-      gs.push_back(grads + layout.params[k].offset);
-    }
-    layers[i]->bind(ps, gs);
-  }
-}
-
-Model::Model(std::string name, Shape input, std::vector<std::unique_ptr<Layer>> layers)
-    : name_(std::move(name)), input_(input), layers_(std::move(layers)),
-      layout_(plan_layout(name_, input_, layers_)) {
-  const size_t n_layers = layers_.size();
-  params_.assign(layout_.numel, 0.0f);
-  grads_.assign(layout_.numel, 0.0f);
-  bind_layers(layout_, layers_, params_.data(), grads_.data());
-  acts_.resize(n_layers + 1);
-  dacts_.resize(n_layers + 1);
-  set_threads(default_threads());
+  acts_.resize(g.values.size());
+  dacts_.resize(g.values.size());
 }
 
 Model::~Model() = default;
 
-void Model::set_threads(int threads) {
-  DDP_CHECK(threads >= 1, "model ", name_, ": threads must be >= 1, got ", threads);
-  if (pool_ && pool_->size() == threads) return;
-  for (auto& l : layers_) l->set_thread_pool(nullptr);
-  pool_ = std::make_unique<ThreadPool>(threads);
-  for (auto& l : layers_) l->set_thread_pool(pool_.get());
+void Model::set_state(const ModelState& s) {
+  DDP_CHECK(s.params.size() == graph_.num_params, "model ", name(), ": a state of ", s.params.size(),
+            " parameters, the model has ", graph_.num_params);
+  device_.from_host(params(), s.params.data(), graph_.num_params);
+  set_buffers(s);
 }
 
-int Model::threads() const { return pool_ ? pool_->size() : 1; }
-
-Shape Model::output_shape() const { return layout_.shapes.back(); }
-
-void Model::init_params(uint64_t seed) {
-  for (size_t k = 0; k < layout_.params.size(); ++k) {
-    float* p = params_.data() + layout_.params[k].offset;
-    const size_t n = layout_.params[k].numel;
-    switch (layout_.inits[k]) {
-      case Init::Zero:
-        std::fill(p, p + n, 0.0f);
-        break;
-      case Init::One:
-        std::fill(p, p + n, 1.0f);
-        break;
-      case Init::Normal001: {
-        Rng rng(seed, name_key(layout_.params[k].name));
-        for (size_t j = 0; j < n; ++j) p[j] = static_cast<float>(0.01 * rng.normal());
-        break;
-      }
-    }
-  }
+void Model::get_state(ModelState& s) {
+  s.params.resize(graph_.num_params);
+  device_.to_host(s.params.data(), params(), graph_.num_params);
+  get_buffers(s);
 }
 
-void Model::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+void Model::set_buffers(const ModelState& s) {
+  DDP_CHECK(s.buffers.size() == graph_.num_buffers && s.counters.size() == counters_.size(), "model ", name(),
+            ": a state of ", s.buffers.size(), " buffer values and ", s.counters.size(), " counters, the model has ",
+            graph_.num_buffers, " and ", counters_.size());
+  if (graph_.num_buffers) device_.from_host(buffers(), s.buffers.data(), graph_.num_buffers);
+  counters_ = s.counters;
+}
 
-const float* Model::forward(const float* x, int batch) {
-  DDP_CHECK(batch > 0, "model ", name_, ": forward with batch ", batch);
-  DDP_CHECK(x, "model ", name_, ": forward with null input");
-  for (size_t i = 0; i < acts_.size(); ++i) {
-    const size_t need = size_t(batch) * size_t(layout_.shapes[i].numel());
-    if (acts_[i].size() < need) acts_[i].resize(need);
+void Model::get_buffers(ModelState& s) {
+  s.buffers.resize(graph_.num_buffers);
+  if (graph_.num_buffers) device_.to_host(s.buffers.data(), buffers(), graph_.num_buffers);
+  s.counters = counters_;
+}
+
+void Model::zero_grads() { device_.fill(grads(), graph_.num_params, 0.0f); }
+
+float* Model::value(int v) { return acts_[size_t(v)]->data(); }
+
+void Model::reserve(int batch) {
+  if (batch <= capacity_) return;
+  size_t largest = 0;
+  for (size_t v = 1; v < graph_.values.size(); ++v) {
+    const size_t n = size_t(batch) * size_t(graph_.values[v].numel());
+    largest = std::max(largest, n);
+    acts_[v] = device_.alloc(n);
+    // No gradient is kept for the logits (the caller's) or for a value no
+    // op reads.
+    const bool needs_grad = int(v) != graph_.output && graph_.readers[v] > 0;
+    dacts_[v] = needs_grad ? device_.alloc(n) : nullptr;
   }
-  std::memcpy(acts_[0].data(), x, sizeof(float) * size_t(batch) * size_t(input_.numel()));
-  for (size_t i = 0; i < layers_.size(); ++i)
-    layers_[i]->forward(acts_[i].data(), batch, acts_[i + 1].data());
-  last_batch_ = batch;
-  return acts_.back().data();
+  scratch_ = device_.alloc(largest);
+  capacity_ = batch;
+}
+
+const float* Model::forward(const float* x, int batch, Mode mode) {
+  DDP_CHECK(batch > 0, "model ", name(), ": forward with batch ", batch);
+  DDP_CHECK(x, "model ", name(), ": forward with null input");
+  reserve(batch);
+  input_ = x;
+  for (size_t i = 0; i < graph_.ops.size(); ++i) {
+    OpArgs& a = args_[i];
+    a.batch = batch;
+    a.mode = mode;
+    const Op& op = graph_.ops[i];
+    for (size_t j = 0; j < op.inputs.size(); ++j) a.x[j] = op.inputs[j] == 0 ? x : value(op.inputs[j]);
+    a.y = value(int(i) + 1);
+    a.counter = graph_.op_counter[i] >= 0 ? &counters_[size_t(graph_.op_counter[i])] : nullptr;
+    kernels_[i]->forward(a);
+  }
+  last_batch_ = mode == Mode::Train ? batch : -1;
+  return value(graph_.output);
 }
 
 void Model::backward(const float* dlogits, int batch, const std::function<void(size_t)>& on_ready) {
-  DDP_CHECK(last_batch_ == batch, "model ", name_, ": backward for batch ", batch,
-            " after forward of batch ", last_batch_);
-  DDP_CHECK(dlogits, "model ", name_, ": backward with null dlogits");
-  const size_t n_layers = layers_.size();
-  // dacts_[0] is never needed (nothing consumes the input gradient) and the
-  // last layer reads the caller's dlogits directly.
-  for (size_t i = 1; i < n_layers; ++i) {
-    const size_t need = size_t(batch) * size_t(layout_.shapes[i].numel());
-    if (dacts_[i].size() < need) dacts_[i].resize(need);
+  DDP_CHECK(last_batch_ == batch, "model ", name(), ": backward for batch ", batch,
+            last_batch_ < 0 ? std::string(" without a training forward") : " after forward of batch " +
+                                                                              std::to_string(last_batch_));
+  DDP_CHECK(dlogits, "model ", name(), ": backward with null dlogits");
+  // A value read by several ops gets their gradients added: the first op to
+  // run backward (the last reader) writes, the others write into scratch_,
+  // which is then added (Note [gradient accumulation] in device.hpp).
+  std::vector<bool> written(graph_.values.size(), false);
+  std::vector<float*> dx;
+  for (size_t i = graph_.ops.size(); i-- > 0;) {
+    const Op& op = graph_.ops[i];
+    const int out = int(i) + 1;
+    const float* dy = out == graph_.output ? dlogits : dacts_[size_t(out)]->data();
+    dx.assign(op.inputs.size(), nullptr);
+    std::vector<size_t> add_later;
+    for (size_t j = 0; j < op.inputs.size(); ++j) {
+      const int v = op.inputs[j];
+      if (v == 0) continue;  // nothing needs the input's gradient
+      if (!written[size_t(v)]) {
+        dx[j] = dacts_[size_t(v)]->data();
+        written[size_t(v)] = true;
+      } else {
+        dx[j] = scratch_->data();
+        add_later.push_back(j);
+      }
+    }
+    DDP_CHECK(add_later.size() <= 1, "model ", name(), ": op ", op.name, " reads one value more than twice");
+    kernels_[i]->backward(args_[i], dy, dx);
+    for (size_t j : add_later) {
+      const int v = op.inputs[j];
+      device_.add(dacts_[size_t(v)]->data(), scratch_->data(), size_t(batch) * size_t(graph_.values[size_t(v)].numel()));
+    }
+    if (on_ready) on_ready(graph_.ready_after[i]);
   }
-  for (size_t i = n_layers; i-- > 0;) {
-    const float* dy = i + 1 == n_layers ? dlogits : dacts_[i + 1].data();
-    float* dx = i == 0 ? nullptr : dacts_[i].data();
-    layers_[i]->backward(acts_[i].data(), acts_[i + 1].data(), dy, batch, dx);
-    if (on_ready) on_ready(layout_.ready_after[i]);
+}
+
+float softmax_cross_entropy(const float* logits, const int32_t* labels, int batch, int classes, float* dlogits) {
+  return cpu::softmax_cross_entropy<float>(logits, labels, batch, classes, dlogits);
+}
+
+int64_t count_correct(const float* logits, const int32_t* labels, int batch, int classes) {
+  DDP_CHECK(classes > 0, "count_correct: classes must be positive, got ", classes);
+  int64_t correct = 0;
+  for (int r = 0; r < batch; ++r) {
+    const float* z = logits + int64_t(r) * classes;
+    int best = 0;
+    for (int c = 1; c < classes; ++c)
+      if (z[c] > z[best]) best = c;
+    correct += best == labels[r];
   }
+  return correct;
 }
 
 }  // namespace ddp::nn

@@ -1,4 +1,5 @@
-// 2x2 / stride-2 average pooling on the CPU, NCHW. Rows are handled in pairs so
+// Average pooling on the CPU, NCHW: 2x2 / stride 2, and global (AdaptiveAvgPool2d(1)).
+// 2x2: Rows are handled in pairs so
 // the inner loop is a contiguous, vectorisable pass over one output row.
 #include <algorithm>
 
@@ -46,9 +47,34 @@ void avgpool2_backward(int planes, int h, int w, const T* dy, T* dx) {
   }
 }
 
+template <typename T>
+void global_avgpool_forward(int64_t planes, int hw, const T* x, T* y) {
+  const T inv = T(1) / T(hw);
+  for (int64_t p = 0; p < planes; ++p) {
+    const T* xp = x + p * hw;
+    T s = T(0);
+    for (int i = 0; i < hw; ++i) s += xp[i];
+    y[p] = s * inv;
+  }
+}
+
+template <typename T>
+void global_avgpool_backward(int64_t planes, int hw, const T* dy, T* dx) {
+  const T inv = T(1) / T(hw);
+  for (int64_t p = 0; p < planes; ++p) {
+    const T g = dy[p] * inv;
+    T* d = dx + p * hw;
+    for (int i = 0; i < hw; ++i) d[i] = g;
+  }
+}
+
 template void avgpool2_forward<float>(int, int, int, const float*, float*);
 template void avgpool2_forward<double>(int, int, int, const double*, double*);
 template void avgpool2_backward<float>(int, int, int, const float*, float*);
 template void avgpool2_backward<double>(int, int, int, const double*, double*);
+template void global_avgpool_forward<float>(int64_t, int, const float*, float*);
+template void global_avgpool_forward<double>(int64_t, int, const double*, double*);
+template void global_avgpool_backward<float>(int64_t, int, const float*, float*);
+template void global_avgpool_backward<double>(int64_t, int, const double*, double*);
 
 }  // namespace ddp::nn::cpu

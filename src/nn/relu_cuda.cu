@@ -1,6 +1,6 @@
 // ReLU on the GPU: element-wise kernels over kernel_math.hpp's relu_at and
 // relu_grad_at.
-#include "cuda_layers.hpp"
+#include "cuda_kernels.hpp"
 #include "ddp/nn/kernel_math.hpp"      // relu_at, relu_grad_at
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK_LAUNCH
 
@@ -21,17 +21,17 @@ __global__ void relu_backward_kernel(int64_t n, const float* __restrict__ y, con
 
 }  // namespace
 
-void CudaReLU::forward(const float* x, int batch, float* y) {
-  const int64_t n = int64_t(batch) * spec_.in.numel();
+void CudaRelu::forward(const OpArgs& a) {
+  const int64_t n = int64_t(a.batch) * n_;
   if (n <= 0) return;
-  relu_forward_kernel<<<cuda_grid(n), kCudaThreads, 0, ctx_.compute()>>>(n, x, y);
+  relu_forward_kernel<<<cuda_grid(n), kCudaThreads, 0, ctx_.compute()>>>(n, a.x[0], a.y);
   DDP_CUDA_CHECK_LAUNCH(relu_forward_kernel);
 }
 
-void CudaReLU::backward(const float* /*x*/, const float* y, const float* dy, int batch, float* dx) {
-  const int64_t n = int64_t(batch) * spec_.in.numel();
-  if (!dx || n <= 0) return;
-  relu_backward_kernel<<<cuda_grid(n), kCudaThreads, 0, ctx_.compute()>>>(n, y, dy, dx);
+void CudaRelu::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
+  const int64_t n = int64_t(a.batch) * n_;
+  if (!dx[0] || n <= 0) return;
+  relu_backward_kernel<<<cuda_grid(n), kCudaThreads, 0, ctx_.compute()>>>(n, a.y, dy, dx[0]);
   DDP_CUDA_CHECK_LAUNCH(relu_backward_kernel);
 }
 

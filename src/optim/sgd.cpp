@@ -5,28 +5,20 @@
 
 namespace ddp::optim {
 
-Sgd::Sgd(size_t numel, SgdOptions opt) : n_(numel), opt_(opt) {
-  DDP_CHECK(opt.lr >= 0, "--lr must be >= 0, got ", opt.lr);
-  DDP_CHECK(opt.momentum >= 0, "--momentum must be >= 0, got ", opt.momentum);
-  DDP_CHECK(opt.weight_decay >= 0, "--weight-decay must be >= 0, got ", opt.weight_decay);
+void sgd_step(const SgdOptions& opt, bool first, size_t n, float* p, const float* g, float* b) {
+  DDP_CHECK(opt.lr >= 0 && opt.momentum >= 0 && opt.weight_decay >= 0, "SGD: lr ", opt.lr, ", momentum ",
+            opt.momentum, ", weight decay ", opt.weight_decay, ": none may be negative");
   DDP_CHECK(!opt.nesterov || (opt.momentum > 0 && opt.dampening == 0),
             "nesterov needs momentum > 0 and zero dampening");
-  if (opt.momentum != 0) buf_.assign(n_, 0.0f);
-}
-
-void Sgd::step(float* p, const float* g) {
-  const SgdScalars s = sgd_scalars(opt_);
+  DDP_CHECK(opt.momentum == 0 || b, "SGD with momentum needs its buffer");
+  const SgdScalars s = sgd_scalars(opt);
   const float lr = s.lr, wd = s.wd, mu = s.mu, damp = s.damp;
-  const size_t n = n_;
   if (mu == 0.0f) {
     for (size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
     return;
   }
-  float* b = buf_.data();
-  if (!started_) {
-    // PyTorch initialises the buffer with the first (decayed) gradient, undamped.
+  if (first) {
     for (size_t i = 0; i < n; ++i) b[i] = g[i] + wd * p[i];
-    started_ = true;
   } else {
     for (size_t i = 0; i < n; ++i) b[i] = mu * b[i] + damp * (g[i] + wd * p[i]);
   }

@@ -1,4 +1,4 @@
-// sgd_step_cuda (optim/sgd_cuda.hpp): Sgd::step as one grid-stride kernel
+// sgd_step_cuda (optim/sgd_cuda.hpp): sgd_step as one grid-stride kernel
 // over the flat buffer, each element updated by sgd_math.hpp's sgd_update_at.
 #include "ddp/optim/sgd_cuda.hpp"
 

@@ -14,7 +14,7 @@ Placement place_rank(comm::Communicator& comm, const World& world, const Config&
   int visible = 0;
 #if DDP_HAVE_CUDA
   // Counting devices creates no CUDA context: cudaSetDevice is still the
-  // first call that does (make_cuda_replica).
+  // first call that does (make_cuda_backend).
   if (cfg.device != "cpu") visible = cuda::device_count(&why);
 #endif
   Placement p;
@@ -33,7 +33,7 @@ Placement place_rank(comm::Communicator& comm, const World& world, const Config&
   }
   // On GPUs, auto stays open until the GPUs are bound: it is nccl when every
   // rank has a GPU of its own, which only their bus ids tell
-  // (make_cuda_replica).
+  // (make_cuda_backend).
   p.backend = cfg.backend == "auto" && p.device == "cpu" ? "mpi" : cfg.backend;
   if (p.device == "cuda") p.gpu = choose_gpu(world, visible, p.backend != "nccl", why);
   return p;

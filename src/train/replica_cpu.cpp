@@ -1,76 +1,58 @@
-// The CPU replica (train/replica.hpp): the model's own buffers are the
-// device's, so push and pull have nothing to copy.
-#include <cmath>
+// The CPU backend (train/replica.hpp): the model's memory is the host's, so a
+// batch is used where the loader put it and the sums are plain doubles.
 #include <utility>
 #include <vector>
 
-#include "ddp/core/finite.hpp"
+#include "ddp/core/finite.hpp"      // first_non_finite
+#include "ddp/nn/thread_pool.hpp"   // default_threads
 #include "ddp/train/replica.hpp"
 
 namespace ddp::train {
 
 namespace {
 
-class CpuReplica final : public Replica {
+class CpuBackend final : public Backend {
  public:
-  CpuReplica(const Config& cfg, std::unique_ptr<comm::Communicator> comm, std::unique_ptr<nn::Model> model,
-             std::unique_ptr<optim::Sgd> sgd)
-      : comm_(std::move(comm)) {
-    model_ = std::move(model);
-    sgd_ = std::move(sgd);
-    std::vector<size_t> numels;
-    for (const auto& p : model_->param_info()) numels.push_back(p.numel);
-    reducer_ = std::make_unique<Reducer>(*comm_, model_->grads(), numels, cfg.bucket_cap_mb, cfg.overlap);
-    classes_ = static_cast<int>(model_->output_shape().numel());
-  }
+  explicit CpuBackend(std::unique_ptr<comm::Communicator> comm)
+      : comm_(std::move(comm)), device_(nn::make_cpu_device(nn::default_threads())) {}
 
-  std::string device() const override { return "cpu"; }
+  std::string device_name() const override { return "cpu"; }
+  nn::Device& device() override { return *device_; }
   comm::Communicator& comm() override { return *comm_; }
-  const Reducer& reducer() const override { return *reducer_; }
-  void push() override {}
-  void pull() override {}
+  void sync(const std::string&) override {}
 
-  StepHealth train_step(const data::Batch& b) override {
-    dlogits_.resize(static_cast<size_t>(b.size) * classes_);
-    model_->zero_grads();
-    const float* logits = model_->forward(b.x.data(), b.size);
-    const float loss = nn::softmax_cross_entropy(logits, b.y.data(), b.size, classes_, dlogits_.data());
-    sums_.correct += static_cast<double>(nn::count_correct(logits, b.y.data(), b.size, classes_));
-    reducer_->begin_backward();
-    model_->backward(dlogits_.data(), b.size, [this](size_t n) { reducer_->grads_ready(n); });
-    sums_.comm_wait += reducer_->finish().wait_sec;
-    StepHealth health;
-    health.loss = loss;
-    health.loss_finite = std::isfinite(loss);
-    health.grads_finite = first_non_finite(model_->grads(), model_->num_params()) == model_->num_params();
-    if (!health.grads_finite) return health;  // the parameters stay as they were
-    sgd_->step(model_->params(), model_->grads());
-    sums_.loss += static_cast<double>(loss) * b.size;
-    return health;
+  std::pair<const float*, const int32_t*> stage(const data::Batch& b) override { return {b.x.data(), b.y.data()}; }
+  void batch_done() override {}
+
+  std::optional<double> loss(const float* logits, const int32_t* labels, int batch, int classes,
+                             float* dlogits) override {
+    const float loss = nn::softmax_cross_entropy(logits, labels, batch, classes, dlogits);
+    sums_[0] += double(loss) * batch;
+    sums_[1] += double(nn::count_correct(logits, labels, batch, classes));
+    return loss;
   }
-
-  StepSums take_sums() override { return std::exchange(sums_, StepSums{}); }
-
-  void eval_batch(const data::Batch& b) override {
-    const float* logits = model_->forward(b.x.data(), b.size);
-    correct_ += static_cast<double>(nn::count_correct(logits, b.y.data(), b.size, classes_));
+  void count_correct(const float* logits, const int32_t* labels, int batch, int classes) override {
+    sums_[2] += double(nn::count_correct(logits, labels, batch, classes));
   }
-  double take_correct() override { return std::exchange(correct_, 0.0); }
+  std::vector<double> take_sums() override { return std::exchange(sums_, std::vector<double>(3, 0.0)); }
+
+  bool checks_every_step() const override { return true; }
+  bool all_finite(const float* p, size_t n) override { return first_non_finite(p, n) == n; }
+  void sgd_step(const optim::SgdOptions& opt, bool first, size_t n, float* p, const float* g,
+                float* momentum) override {
+    optim::sgd_step(opt, first, n, p, g, momentum);
+  }
 
  private:
   std::unique_ptr<comm::Communicator> comm_;
-  std::unique_ptr<Reducer> reducer_;
-  int classes_ = 0;
-  std::vector<float> dlogits_;
-  StepSums sums_;
-  double correct_ = 0;
+  std::unique_ptr<nn::Device> device_;
+  std::vector<double> sums_ = std::vector<double>(3, 0.0);  // loss, correct, evaluation correct
 };
 
 }  // namespace
 
-std::unique_ptr<Replica> make_cpu_replica(const Config& cfg, std::unique_ptr<comm::Communicator> comm,
-                                          std::unique_ptr<nn::Model> model, std::unique_ptr<optim::Sgd> sgd) {
-  return std::make_unique<CpuReplica>(cfg, std::move(comm), std::move(model), std::move(sgd));
+std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<comm::Communicator> comm) {
+  return std::make_unique<CpuBackend>(std::move(comm));
 }
 
 }  // namespace ddp::train

@@ -1,4 +1,4 @@
-// The GPU replica (train/replica.hpp): one GPU per rank (or several ranks on
+// The GPU backend (train/replica.hpp): one GPU per rank (or several ranks on
 // one GPU with the staged mpi backend).
 //
 // A step, as issued (Note [streams] in runtime/cuda_context.hpp):
@@ -24,7 +24,8 @@
 
 #include "ddp/comm/device_communicator.hpp"  // nccl, staged mpi
 #include "ddp/core/error.hpp"                // DDP_CHECK, UsageError
-#include "ddp/nn/cuda_model.hpp"             // CudaModel, loss kernels
+#include "ddp/core/finite.hpp"               // first_non_finite
+#include "ddp/nn/cuda_device.hpp"            // make_cuda_device, loss kernels
 #include "ddp/optim/sgd_cuda.hpp"            // sgd_step_cuda
 #include "ddp/runtime/cuda_check.hpp"        // DDP_CUDA_CHECK
 #include "ddp/runtime/cuda_context.hpp"      // Context, set_device
@@ -79,13 +80,10 @@ struct PinnedSlot {
   bool used = false;
 };
 
-class CudaReplica final : public Replica {
+class CudaBackend final : public Backend {
  public:
-  CudaReplica(const World& world, const Config& cfg, int gpu, std::unique_ptr<comm::Communicator> host_comm,
-              std::unique_ptr<nn::Model> model, std::unique_ptr<optim::Sgd> sgd)
+  CudaBackend(const World& world, const Config& cfg, int gpu, std::unique_ptr<comm::Communicator> host_comm)
       : info_(cuda::set_device(gpu)) {
-    model_ = std::move(model);
-    sgd_ = std::move(sgd);
     const std::string backend = check_gpus_distinct(*host_comm, world, info_, cfg.backend);
     ctx_ = std::make_unique<cuda::Context>(gpu);
     if (backend == "nccl") {
@@ -96,33 +94,23 @@ class CudaReplica final : public Replica {
       comm_ = comm::make_staged_mpi_communicator(world, *ctx_, std::move(host_comm));
     }
     comm_->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_sec * 1000)));
-    const nn::Shape in = model_->input_shape();
-    classes_ = static_cast<int>(model_->output_shape().numel());
-    const std::vector<nn::LayerSpec> specs = nn::model_spec(model_->name(), in, classes_);
-    gpu_model_ = std::make_unique<nn::CudaModel>(model_->name(), in, specs, *ctx_);
-    DDP_CHECK(gpu_model_->num_params() == model_->num_params(), "model ", model_->name(),
-              ": the GPU model has ", gpu_model_->num_params(), " parameters, the CPU one ", model_->num_params());
-    const size_t n = model_->num_params();
-    if (sgd_->options().momentum != 0) momentum_ = cuda::DeviceBuffer(*ctx_, n);
+    device_ = nn::make_cuda_device(*ctx_);
     sums_ = static_cast<double*>(ctx_->alloc(3 * sizeof(double)));
     DDP_CUDA_CHECK(cudaMemsetAsync(sums_, 0, 3 * sizeof(double), ctx_->compute()));
-    std::vector<size_t> numels;
-    for (const auto& p : gpu_model_->param_info()) numels.push_back(p.numel);
-    reducer_ = std::make_unique<Reducer>(*comm_, gpu_model_->grads(), numels, cfg.bucket_cap_mb, cfg.overlap);
     for (PinnedSlot& s : slots_) {
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&s.free, cudaEventDisableTiming));
     }
-    dlogits_ = cuda::DeviceBuffer(*ctx_, static_cast<size_t>(cfg.batch_size) * classes_);
   }
 
-  ~CudaReplica() override {
+  ~CudaBackend() override {
     // An error on its way to main's MPI_Abort: tear nothing down. Finalising
     // NCCL or synchronising the compute stream could wait on a collective
     // stuck on a dead peer and delay (or, unbounded, stop) the error report;
     // the process ends in a moment and takes the GPU state with it.
     if (std::uncaught_exceptions() > 0) {
       static_cast<void>(comm_.release());
+      static_cast<void>(device_.release());
       static_cast<void>(ctx_.release());
       return;
     }
@@ -133,7 +121,7 @@ class CudaReplica final : public Replica {
     bool idle = false;
     if (ctx_ && comm_) {
       try {
-        comm_->synchronize(ctx_->compute(), "releasing the GPU replica");
+        comm_->synchronize(ctx_->compute(), "releasing the GPU backend");
         idle = true;
       } catch (...) {
       }
@@ -148,73 +136,16 @@ class CudaReplica final : public Replica {
     if (sums_ && ctx_) cudaFreeAsync(sums_, ctx_->compute());
   }
 
-  std::string device() const override { return "cuda:" + std::to_string(info_.index); }
+  std::string device_name() const override { return "cuda:" + std::to_string(info_.index); }
+  nn::Device& device() override { return *device_; }
   comm::Communicator& comm() override { return *comm_; }
-  const Reducer& reducer() const override { return *reducer_; }
-
-  void push() override {
-    gpu_model_->upload_params(model_->params());
-    momentum_started_ = sgd_->has_momentum_state();
-    if (momentum_.data() && momentum_started_) {
-      DDP_CUDA_CHECK(cudaMemcpyAsync(momentum_.data(), sgd_->momentum_buffer().data(),
-                                     sizeof(float) * model_->num_params(), cudaMemcpyHostToDevice, ctx_->compute()));
-      comm_->synchronize(ctx_->compute(), "momentum upload");
-    }
-  }
-
-  void pull() override {
-    comm_->synchronize(ctx_->compute(), "parameter download");
-    gpu_model_->download_params(model_->params());
-    if (momentum_.data() && momentum_started_) {
-      DDP_CUDA_CHECK(cudaMemcpy(sgd_->momentum_buffer().data(), momentum_.data(),
-                                sizeof(float) * model_->num_params(), cudaMemcpyDeviceToHost));
-      sgd_->set_started(true);
-    }
-  }
-
-  StepHealth train_step(const data::Batch& b) override {
-    const PinnedSlot& s = stage(b);
-    gpu_model_->zero_grads();
-    const float* logits = gpu_model_->forward(inputs(s), b.size);
-    nn::softmax_cross_entropy_cuda(logits, labels(s, b), b.size, classes_, dlogits_.data(), sums_, ctx_->compute());
-    reducer_->begin_backward();
-    gpu_model_->backward(dlogits_.data(), b.size, [this](size_t n) { reducer_->grads_ready(n); });
-    comm_wait_ += reducer_->finish().wait_sec;
-    optim::sgd_step_cuda(sgd_->options(), !momentum_started_, model_->num_params(), gpu_model_->params(),
-                         gpu_model_->grads(), momentum_.data(), ctx_->compute());
-    if (momentum_.data()) momentum_started_ = true;
-    DDP_CUDA_CHECK(cudaEventRecord(s.free, ctx_->compute()));
-    return {};  // not looked at per step (replica.hpp)
-  }
-
-  StepSums take_sums() override {
-    const auto h = read_sums();
-    StepSums out;
-    out.loss = h[0];
-    out.correct = h[1];
-    out.comm_wait = std::exchange(comm_wait_, 0.0);
-    return out;
-  }
-
-  void eval_batch(const data::Batch& b) override {
-    const PinnedSlot& s = stage(b);
-    const float* logits = gpu_model_->forward(inputs(s), b.size);
-    nn::count_correct_cuda(logits, labels(s, b), b.size, classes_, sums_ + 2, ctx_->compute());
-    DDP_CUDA_CHECK(cudaEventRecord(s.free, ctx_->compute()));
-  }
-
-  double take_correct() override { return read_sums()[2]; }
-
- private:
-  static const float* inputs(const PinnedSlot& s) { return reinterpret_cast<const float*>(s.dev); }
-  static const int32_t* labels(const PinnedSlot& s, const data::Batch& b) {
-    return reinterpret_cast<const int32_t*>(s.dev + b.x.size() * sizeof(float));
-  }
+  void sync(const std::string& what) override { comm_->synchronize(ctx_->compute(), what); }
 
   // The batch into the next pinned slot, then onto the device on the copy
   // stream; the compute stream waits for it.
-  const PinnedSlot& stage(const data::Batch& b) {
+  std::pair<const float*, const int32_t*> stage(const data::Batch& b) override {
     PinnedSlot& s = slots_[next_slot_];
+    current_ = next_slot_;
     next_slot_ = (next_slot_ + 1) % slots_.size();
     const size_t x_bytes = b.x.size() * sizeof(float);
     const size_t bytes = x_bytes + b.y.size() * sizeof(int32_t);
@@ -236,9 +167,46 @@ class CudaReplica final : public Replica {
     DDP_CUDA_CHECK(cudaEventRecord(s.copied, ctx_->copy()));
     DDP_CUDA_CHECK(cudaStreamWaitEvent(ctx_->compute(), s.copied, 0));
     s.used = true;
-    return s;
+    return {reinterpret_cast<const float*>(s.dev), reinterpret_cast<const int32_t*>(s.dev + x_bytes)};
   }
 
+  // The step that read the slot is issued: its device copy is free once the
+  // compute stream passes this point.
+  void batch_done() override { DDP_CUDA_CHECK(cudaEventRecord(slots_[current_].free, ctx_->compute())); }
+
+  std::optional<double> loss(const float* logits, const int32_t* labels, int batch, int classes,
+                             float* dlogits) override {
+    nn::softmax_cross_entropy_cuda(logits, labels, batch, classes, dlogits, sums_, ctx_->compute());
+    return std::nullopt;  // on the device until take_sums
+  }
+  void count_correct(const float* logits, const int32_t* labels, int batch, int classes) override {
+    nn::count_correct_cuda(logits, labels, batch, classes, sums_ + 2, ctx_->compute());
+  }
+
+  // The device sums (loss, correct, evaluation correct), then zeroed.
+  std::vector<double> take_sums() override {
+    std::vector<double> h(3, 0.0);
+    comm_->synchronize(ctx_->compute(), "reading the step metrics");
+    DDP_CUDA_CHECK(cudaMemcpy(h.data(), sums_, 3 * sizeof(double), cudaMemcpyDeviceToHost));
+    DDP_CUDA_CHECK(cudaMemsetAsync(sums_, 0, 3 * sizeof(double), ctx_->compute()));
+    return h;
+  }
+
+  // Looking at the gradients would stop the host every step (replica.hpp).
+  bool checks_every_step() const override { return false; }
+  bool all_finite(const float* p, size_t n) override {
+    std::vector<float> h(n);
+    sync("reading values to check");
+    device_->to_host(h.data(), p, n);
+    return first_non_finite(h.data(), n) == n;
+  }
+
+  void sgd_step(const optim::SgdOptions& opt, bool first, size_t n, float* p, const float* g,
+                float* momentum) override {
+    optim::sgd_step_cuda(opt, first, n, p, g, momentum, ctx_->compute());
+  }
+
+ private:
   // A bounded host wait on one event (the copy stream has no collectives, so
   // the communicator has nothing to watch; the timeout still bounds it).
   void wait_event(cudaEvent_t ev, const char* what) {
@@ -253,35 +221,20 @@ class CudaReplica final : public Replica {
     }
   }
 
-  // The device sums (loss, correct, eval correct), then zeroed.
-  std::vector<double> read_sums() {
-    std::vector<double> h(3, 0.0);
-    comm_->synchronize(ctx_->compute(), "reading the step metrics");
-    DDP_CUDA_CHECK(cudaMemcpy(h.data(), sums_, 3 * sizeof(double), cudaMemcpyDeviceToHost));
-    DDP_CUDA_CHECK(cudaMemsetAsync(sums_, 0, 3 * sizeof(double), ctx_->compute()));
-    return h;
-  }
-
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Context> ctx_;
   std::unique_ptr<comm::DeviceCommunicator> comm_;
-  std::unique_ptr<nn::CudaModel> gpu_model_;
-  std::unique_ptr<Reducer> reducer_;
-  cuda::DeviceBuffer momentum_, dlogits_;
+  std::unique_ptr<nn::Device> device_;
   double* sums_ = nullptr;  // device: loss sum, correct (training), correct (evaluation)
-  bool momentum_started_ = false;
-  int classes_ = 0;
-  double comm_wait_ = 0;
   std::array<PinnedSlot, 2> slots_;
-  size_t next_slot_ = 0;
+  size_t next_slot_ = 0, current_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Replica> make_cuda_replica(const World& world, const Config& cfg, int gpu,
-                                           std::unique_ptr<comm::Communicator> host_comm,
-                                           std::unique_ptr<nn::Model> model, std::unique_ptr<optim::Sgd> sgd) {
-  return std::make_unique<CudaReplica>(world, cfg, gpu, std::move(host_comm), std::move(model), std::move(sgd));
+std::unique_ptr<Backend> make_cuda_backend(const World& world, const Config& cfg, int gpu,
+                                           std::unique_ptr<comm::Communicator> host_comm) {
+  return std::make_unique<CudaBackend>(world, cfg, gpu, std::move(host_comm));
 }
 
 }  // namespace ddp::train

@@ -18,15 +18,19 @@ std::string num(double v) {
   return buf;
 }
 
-// Names and shapes of every parameter, hashed: two models with the same
-// fingerprint have interchangeable state dicts.
-std::string fingerprint(const nn::Model& model) {
+// Names and shapes of every parameter (then buffer and counter, where the
+// model has any), hashed: two models with the same fingerprint have
+// interchangeable state dicts.
+std::string fingerprint(const nn::Graph& g) {
   std::string desc;
-  for (const auto& p : model.param_info()) {
-    desc += p.name + "[";
-    for (int64_t d : p.shape) desc += std::to_string(d) + ",";
+  auto add = [&](const nn::TensorInfo& t) {
+    desc += t.name + "[";
+    for (int64_t d : t.shape) desc += std::to_string(d) + ",";
     desc += "];";
-  }
+  };
+  for (const auto& p : g.params) add(p);
+  for (const auto& b : g.buffers) add(b);
+  for (const auto& c : g.counters) desc += c + ";";
   char buf[16];
   std::snprintf(buf, sizeof(buf), "%08lx",
                 crc32(0L, reinterpret_cast<const Bytef*>(desc.data()), static_cast<uInt>(desc.size())));
@@ -51,28 +55,35 @@ const std::string kMomentumPrefix = "optimizer.momentum_buffer.";
 
 }  // namespace
 
-std::map<std::string, std::string> resume_config(const Config& cfg, const nn::Model& model,
+std::map<std::string, std::string> resume_config(const Config& cfg, const nn::Graph& g,
                                                  const data::Dataset& train) {
-  return {{"model", cfg.model},
-          {"architecture", fingerprint(model)},
-          {"global_batch", std::to_string(cfg.batch_size)},
-          {"seed", std::to_string(cfg.seed)},
-          {"dataset", dataset_id(train)},
-          {"optimizer", "sgd"},
-          {"lr", num(cfg.lr)},
-          {"momentum", num(cfg.momentum)},
-          {"weight_decay", num(cfg.weight_decay)},
-          {"nesterov", cfg.nesterov ? "true" : "false"},
-          {"lr_schedule", "constant"},
-          {"rng", "sampler xoshiro256** keyed by (seed, epoch); no other random state"}};
+  std::map<std::string, std::string> c = {
+      {"model", cfg.model},
+      {"architecture", fingerprint(g)},
+      {"global_batch", std::to_string(cfg.batch_size)},
+      {"seed", std::to_string(cfg.seed)},
+      {"dataset", dataset_id(train)},
+      {"optimizer", "sgd"},
+      {"lr", num(cfg.lr)},
+      {"momentum", num(cfg.momentum)},
+      {"weight_decay", num(cfg.weight_decay)},
+      {"nesterov", cfg.nesterov ? "true" : "false"},
+      {"lr_schedule", "constant"},
+      {"rng", "sampler xoshiro256** keyed by (seed, epoch); no other random state"}};
+  // Where there are batch statistics, whose they are is part of the run.
+  if (!g.counters.empty()) c["sync_bn"] = cfg.sync_bn ? "true" : "false";
+  return c;
 }
 
-std::vector<checkpoint::TensorView> checkpoint_tensors(const nn::Model& model, optim::Sgd& sgd) {
+std::vector<checkpoint::TensorView> checkpoint_tensors(const nn::Graph& g, const TrainState& s) {
   std::vector<checkpoint::TensorView> views;
-  for (const auto& p : model.param_info()) views.push_back({p.name, p.shape, model.params() + p.offset});
-  if (sgd.has_momentum_state())
-    for (const auto& p : model.param_info())
-      views.push_back({kMomentumPrefix + p.name, p.shape, sgd.momentum_buffer().data() + p.offset});
+  for (const auto& p : g.params) views.push_back({p.name, p.shape, s.model.params.data() + p.offset});
+  for (const auto& b : g.buffers) views.push_back({b.name, b.shape, s.model.buffers.data() + b.offset});
+  for (size_t i = 0; i < g.counters.size(); ++i)
+    views.push_back({g.counters[i], {}, nullptr, &s.model.counters[i]});
+  if (!s.momentum.empty())
+    for (const auto& p : g.params)
+      views.push_back({kMomentumPrefix + p.name, p.shape, s.momentum.data() + p.offset});
   return views;
 }
 
@@ -84,7 +95,7 @@ std::vector<checkpoint::TensorView> checkpoint_tensors(const nn::Model& model, o
 // writer's world size divided the global batch. All of it is checked before
 // the trainer counts on from these values, so no hostile value can make that
 // arithmetic overflow (the decoder already bounds each one by 2^50).
-void check_resumable(const std::string& path, const checkpoint::Checkpoint& ckpt, const nn::Model& model,
+void check_resumable(const std::string& path, const checkpoint::Checkpoint& ckpt, const nn::Graph& g,
                      int64_t steps, int global_batch) {
   const checkpoint::RunState& s = ckpt.state;
   DDP_CHECK(s.step_in_epoch < steps, path, ": checkpoint is at step ", s.step_in_epoch,
@@ -103,29 +114,35 @@ void check_resumable(const std::string& path, const checkpoint::Checkpoint& ckpt
   DDP_CHECK(s.epoch_samples <= done && s.epoch_correct <= s.epoch_samples, path,
             ": checkpoint's epoch sums (", s.epoch_samples, " samples, ", s.epoch_correct,
             " correct) exceed the ", done, " samples of the epoch done");
-  // Momentum buffers for every parameter or for none (plain SGD, or no step yet).
-  const bool has_momentum = ckpt.file.find(kMomentumPrefix + model.param_info().front().name) != nullptr;
-  auto check_tensor = [&](const std::string& name, const nn::ParamInfo& p) {
+  auto check_tensor = [&](const std::string& name, const std::vector<int64_t>& shape, checkpoint::Dtype dtype) {
     const auto* t = ckpt.file.find(name);
     DDP_CHECK(t, path, ": checkpoint has no tensor '", name, "'");
-    DDP_CHECK(t->shape == p.shape && t->data.size() == p.numel, path, ": tensor '", name,
-              "' has the wrong shape for model ", model.name());
+    DDP_CHECK(t->dtype == dtype && t->shape == shape, path, ": tensor '", name, "' has the wrong shape or type for model ",
+              g.model);
   };
-  for (const auto& p : model.param_info()) {
-    check_tensor(p.name, p);
-    if (has_momentum) check_tensor(kMomentumPrefix + p.name, p);
-  }
+  for (const auto& p : g.params) check_tensor(p.name, p.shape, checkpoint::Dtype::F32);
+  for (const auto& b : g.buffers) check_tensor(b.name, b.shape, checkpoint::Dtype::F32);
+  for (const auto& c : g.counters) check_tensor(c, {}, checkpoint::Dtype::I64);
+  // Momentum buffers for every parameter or for none (plain SGD, or no step yet).
+  if (ckpt.file.find(kMomentumPrefix + g.params.front().name))
+    for (const auto& p : g.params) check_tensor(kMomentumPrefix + p.name, p.shape, checkpoint::Dtype::F32);
 }
 
-void restore(const checkpoint::Checkpoint& ckpt, nn::Model& model, optim::Sgd& sgd) {
-  for (const auto& p : model.param_info())
-    std::memcpy(model.params() + p.offset, ckpt.file.find(p.name)->data.data(), p.numel * sizeof(float));
-  const bool has_momentum = ckpt.file.find(kMomentumPrefix + model.param_info().front().name) != nullptr;
-  if (has_momentum && !sgd.momentum_buffer().empty()) {
-    for (const auto& p : model.param_info())
-      std::memcpy(sgd.momentum_buffer().data() + p.offset, ckpt.file.find(kMomentumPrefix + p.name)->data.data(),
-                  p.numel * sizeof(float));
-    sgd.set_started(true);
+void restore(const checkpoint::Checkpoint& ckpt, const nn::Graph& g, bool momentum, TrainState& s) {
+  s.model.params.assign(g.num_params, 0.0f);
+  s.model.buffers.assign(g.num_buffers, 0.0f);
+  s.model.counters.assign(g.counters.size(), 0);
+  auto copy = [&](const std::string& name, float* dst) {
+    const auto& src = ckpt.file.find(name)->data;
+    std::copy(src.begin(), src.end(), dst);
+  };
+  for (const auto& p : g.params) copy(p.name, s.model.params.data() + p.offset);
+  for (const auto& b : g.buffers) copy(b.name, s.model.buffers.data() + b.offset);
+  for (size_t i = 0; i < g.counters.size(); ++i) s.model.counters[i] = ckpt.file.find(g.counters[i])->ints.at(0);
+  s.momentum.clear();
+  if (momentum && ckpt.file.find(kMomentumPrefix + g.params.front().name)) {
+    s.momentum.assign(g.num_params, 0.0f);
+    for (const auto& p : g.params) copy(kMomentumPrefix + p.name, s.momentum.data() + p.offset);
   }
 }
 

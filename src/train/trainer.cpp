@@ -21,9 +21,9 @@
 #include "ddp/data/dataset.hpp"             // load_idx_dir, make_synthetic
 #include "ddp/data/loader.hpp"              // Loader: prefetching batches
 #include "ddp/data/sampler.hpp"             // DistributedSampler, eval_shard
-#include "ddp/ddp/reducer.hpp"              // broadcast_parameters
-#include "ddp/nn/model.hpp"                 // make_model
-#include "ddp/optim/sgd.hpp"                // Sgd over the flat buffer
+#include "ddp/ddp/reducer.hpp"              // broadcast_from_rank0
+#include "ddp/nn/graph.hpp"                 // model_graph: the model, described once
+#include "ddp/nn/model.hpp"                 // init_state
 #include "ddp/runtime/stop_signal.hpp"       // SIGTERM/SIGINT -> stop at a step boundary
 #include "ddp/train/preflight.hpp"          // preflight: reachability, duplicate hostnames
 #include "ddp/train/placement.hpp"          // --device/--backend -> this rank's device
@@ -63,7 +63,7 @@ struct RankInfo {
 void startup_check(Replica& replica, const World& world, const Config& cfg, int64_t shard, int64_t steps,
                    std::ostream& out) {
   comm::Communicator& comm = replica.comm();
-  const nn::Model& model = replica.model();
+  const nn::Graph& graph = replica.graph();
   const Reducer& reducer = replica.reducer();
   RankInfo mine{};
   std::snprintf(mine.host, sizeof(mine.host), "%s", world.host.c_str());
@@ -86,7 +86,7 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, int6
                 "ddp_train: %d rank%s, backend %s, device %s, model %s (%zu parameters, %zu bucket%s), "
                 "global batch %d (%d per rank), %lld steps per epoch\n",
                 world.size, world.size == 1 ? "" : "s", comm.backend(), ranks[0].device, cfg.model.c_str(),
-                model.num_params(), reducer.buckets().size(), reducer.buckets().size() == 1 ? "" : "s",
+                graph.num_params, reducer.buckets().size(), reducer.buckets().size() == 1 ? "" : "s",
                 cfg.batch_size, cfg.batch_size / world.size, static_cast<long long>(steps));
   out << line;
   out << " rank  host                 local  device  threads  shard  steps\n";
@@ -99,7 +99,7 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, int6
   out.flush();
 }
 
-data::Split load_data(const Config& cfg) {
+data::Split read_data(const Config& cfg) {
   if (!cfg.data_dir.empty()) {
     try {
       return data::load_idx_dir(cfg.data_dir);
@@ -114,6 +114,22 @@ data::Split load_data(const Config& cfg) {
     DDP_FAIL("--synthetic ", n, ": not enough memory for ", n, " images of 28x28 (", (n * 28 * 28 * 4) >> 20,
              " MiB, and a fifth of that again for the test set)");
   }
+}
+
+// The dataset, with --train-limit applied: the sampler then works on those
+// samples alone, as on a dataset of that size.
+data::Split load_data(const Config& cfg) {
+  data::Split s = read_data(cfg);
+  if (cfg.train_limit > 0) {
+    data::Dataset& t = s.train;
+    DDP_CHECK(cfg.train_limit <= t.n, "--train-limit ", cfg.train_limit, " is more than the ", t.n,
+              " training images of ", t.source);
+    t.n = cfg.train_limit;
+    t.images.resize(size_t(t.n * t.sample_numel()));
+    t.labels.resize(size_t(t.n));
+    t.source += detail::concat(", its first ", t.n);
+  }
+  return s;
 }
 
 // Runs fn on every rank. When it throws on some, every rank throws one
@@ -161,12 +177,13 @@ double evaluate(Replica& replica, const World& world, const data::Dataset& test,
   return counts[1] > 0 ? counts[0] / counts[1] : 0.0;
 }
 
-void write_model(const std::string& path, const nn::Model& model, const Config& cfg, int world_size,
-                 int epochs_done) {
-  std::vector<checkpoint::TensorView> views;
-  for (const auto& p : model.param_info())
-    views.push_back({p.name, p.shape, model.params() + p.offset});
-  checkpoint::write_safetensors(path, views,
+// The model's state dict: parameters, buffers and counters under PyTorch's
+// names (no optimizer state).
+void write_model(const std::string& path, const nn::Graph& g, const TrainState& s, const Config& cfg,
+                 int world_size, int epochs_done) {
+  TrainState model_only;
+  model_only.model = s.model;
+  checkpoint::write_safetensors(path, checkpoint_tensors(g, model_only),
                                 {{"format", "ddp-model"},
                                  {"model", cfg.model},
                                  {"epochs", std::to_string(epochs_done)},
@@ -200,14 +217,22 @@ void write_model(const std::string& path, const nn::Model& model, const Config& 
 
 // Before a state is written anywhere: every parameter finite, else an error
 // naming the first parameter that is not.
-void check_finite(const nn::Model& model, const std::string& what) {
-  const size_t at = first_non_finite(model.params(), model.num_params());
-  if (at == model.num_params()) return;
-  for (const auto& p : model.param_info())
+void check_finite(const nn::Graph& g, const TrainState& s, const std::string& what) {
+  const size_t at = first_non_finite(s.model.params.data(), s.model.params.size());
+  if (at == s.model.params.size()) return;
+  for (const auto& p : g.params)
     if (at >= p.offset && at < p.offset + p.numel)
       DDP_FAIL("refusing to write ", what, ": parameter ", p.name, " holds a NaN or an infinity (element ",
                at - p.offset, "): training diverged");
   DDP_FAIL("refusing to write ", what, ": a parameter holds a NaN or an infinity: training diverged");
+}
+
+// Rank 0's buffers and counters (and parameters, when params) to every rank,
+// in host memory.
+void broadcast_state(comm::Communicator& comm, nn::ModelState& s, bool params) {
+  if (params) broadcast_from_rank0(comm, s.params.data(), s.params.size(), "initial parameters");
+  broadcast_from_rank0(comm, s.buffers.data(), s.buffers.size(), "buffers");
+  if (!s.counters.empty()) comm.broadcast(s.counters.data(), s.counters.size() * sizeof(int64_t), 0, "counters");
 }
 
 // The epoch's running sums on this rank (reduced across ranks at the end).
@@ -241,45 +266,54 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   data::DistributedSampler sampler(train.n, world.size, world.rank, cfg.seed);
   const int64_t steps = sampler.num_samples() / per_rank;
 
-  auto host_model = nn::make_model(cfg.model, {train.c, train.h, train.w}, train.classes);
-  host_model->init_params(cfg.seed);
-  const optim::SgdOptions sgd_options{cfg.lr, cfg.momentum, 0.0, cfg.weight_decay, cfg.nesterov};
-  auto host_sgd = std::make_unique<optim::Sgd>(host_model->num_params(), sgd_options);
+  // The model, described once, and this rank's replica of it on its device;
+  // `host` is the host's copy of what checkpoints and output files hold.
+  nn::Graph graph = nn::model_graph(cfg.model, {train.c, train.h, train.w}, train.classes);
+  TrainState host;
+  host.model = nn::init_state(graph, cfg.seed);
 
   const Placement place = place_rank(*host_comm, world, cfg);
   if (leader && !place.note.empty()) std::cerr << "ddp_train: note: " << place.note << "\n";
-  std::unique_ptr<Replica> replica;
+  std::unique_ptr<Backend> backend;
   if (place.device == "cuda") {
 #if DDP_HAVE_CUDA
-    replica = make_cuda_replica(world, cfg, place.gpu, std::move(host_comm), std::move(host_model),
-                                std::move(host_sgd));
+    backend = make_cuda_backend(world, cfg, place.gpu, std::move(host_comm));
 #endif
   } else {
-    replica = make_cpu_replica(cfg, std::move(host_comm), std::move(host_model), std::move(host_sgd));
+    backend = make_cpu_backend(std::move(host_comm));
   }
-  DDP_CHECK(replica, "--device ", place.device, ": not in this build");
+  DDP_CHECK(backend, "--device ", place.device, ": not in this build");
+  auto replica = std::make_unique<Replica>(cfg, std::move(backend), std::move(graph));
   comm::Communicator& comm = replica->comm();
   comm.set_timeout(timeout);
-  nn::Model& model = replica->model();
-  optim::Sgd& sgd = replica->sgd();
+  const nn::Graph& g = replica->graph();
 
   // Where to start: a checkpoint's position, or the beginning.
   checkpoint::RunState state;
-  state.config = resume_config(cfg, model, train);
+  state.config = resume_config(cfg, g, train);
   const bool checkpointing = !cfg.checkpoint_dir.empty();
   const auto resumable = [&](const std::string& path, const checkpoint::Checkpoint& c) {
-    check_resumable(path, c, model, steps, cfg.batch_size);
+    check_resumable(path, c, g, steps, cfg.batch_size);
   };
   if (const auto resumed = find_resume_point(comm, cfg, state.config, resumable, out, std::cerr)) {
-    restore(resumed->checkpoint, model, sgd);
+    restore(resumed->checkpoint, g, replica->has_momentum(), host);
     const auto& saved = resumed->checkpoint.state;
     const auto config = state.config;
     state = saved;
     state.config = config;
   } else {
-    broadcast_parameters(comm, model.params(), model.num_params());
+    // Replicas start identical: rank 0's parameters and buffers everywhere.
+    broadcast_state(comm, host.model, /*params=*/true);
   }
-  replica->push();
+  replica->push(host);
+  // Note [buffers] (nn/graph.hpp): rank 0's buffers, which it evaluates with
+  // and saves, go to every rank before each evaluation and each checkpoint.
+  auto sync_buffers = [&]() {
+    if (g.num_buffers == 0 && g.counters.empty()) return;
+    replica->pull_buffers(host.model);
+    broadcast_state(comm, host.model, /*params=*/false);
+    replica->push_buffers(host.model);
+  };
   if (checkpointing) install_stop_handlers();
 
   startup_check(*replica, world, cfg, sampler.num_samples(), steps, out);
@@ -294,11 +328,11 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   // Rank 0 writes; the others only take part in agreeing when. Nothing here
   // is collective, so the cadence must be a function of the step alone.
   auto save = [&](const checkpoint::RunState& s) {
+    sync_buffers();  // collective
     if (!leader) return std::string();
-    replica->pull();
-    check_finite(model, detail::concat("the checkpoint of global step ", s.global_step));
-    return checkpoint::save_checkpoint(cfg.checkpoint_dir, s, checkpoint_tensors(model, sgd),
-                                       cfg.keep_checkpoints);
+    replica->pull(host);
+    check_finite(g, host, detail::concat("the checkpoint of global step ", s.global_step));
+    return checkpoint::save_checkpoint(cfg.checkpoint_dir, s, checkpoint_tensors(g, host), cfg.keep_checkpoints);
   };
   // Every rank must see the same answer at the same step (ranks get signals
   // at different moments), so the flag is all-reduced at each boundary.
@@ -381,6 +415,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
                                            totals[0], "; a smaller --lr may help"));
 
     const auto t1 = Clock::now();
+    sync_buffers();
     const double test_acc = evaluate(*replica, world, data.test, per_rank);
     const double eval_sec = seconds_since(t1);
 
@@ -427,12 +462,15 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     }
   }
   // A run resumed after its last epoch still reports where it stands.
-  if (epoch_secs.empty()) last_acc = evaluate(*replica, world, data.test, per_rank);
+  if (epoch_secs.empty()) {
+    sync_buffers();
+    last_acc = evaluate(*replica, world, data.test, per_rank);
+  }
 
   if (leader && !cfg.output_model.empty()) {
-    replica->pull();
-    check_finite(model, "--output-model " + cfg.output_model);
-    write_model(cfg.output_model, model, cfg, world.size, cfg.epochs);
+    replica->pull(host);
+    check_finite(g, host, "--output-model " + cfg.output_model);
+    write_model(cfg.output_model, g, host, cfg, world.size, cfg.epochs);
   }
   if (leader) {
     out << json{{"event", "summary"},

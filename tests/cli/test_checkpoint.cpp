@@ -79,7 +79,7 @@ TEST_F(Checkpoint, KilledJobResumesBitwiseIdentical) {
   expect_bitwise_equal(ref, model_file(path("resumed")));
 }
 
-// DESIGN.md's global-step property: a mid-epoch checkpoint of a 4-rank run
+// The global-step property (Note [global step] in data/sampler.hpp): a mid-epoch checkpoint of a 4-rank run
 // continues on 2 ranks (and back) with the same samples at every step.
 TEST_F(Checkpoint, ResumesOnAnotherWorldSize) {
   for (auto [from, to] : {std::pair{4, 2}, std::pair{2, 4}}) {

@@ -25,7 +25,8 @@ int visible_gpus() {
 #endif
 }
 
-std::string hostname() {
+// The CUDA build's messages name the host.
+[[maybe_unused]] std::string hostname() {
   char buf[256] = {0};
   gethostname(buf, sizeof(buf) - 1);
   return buf;

@@ -59,7 +59,7 @@ TEST(Training, LearnsTheSyntheticDataset) {
   EXPECT_GE(s["test_acc"].get<double>(), 0.9) << r.out;
 }
 
-// DESIGN.md's global-step property: with the same global batch and seed, one
+// The global-step property (Note [global step] in data/sampler.hpp): with the same global batch and seed, one
 // rank and four ranks see the same samples at every step and average the same
 // gradients, so they follow the same trajectory up to float summation order.
 // That order differs (per-rank sums, then the all-reduce), and training

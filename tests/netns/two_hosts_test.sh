@@ -5,7 +5,7 @@
 # run must show two distinct hosts, two ranks each.
 #
 # Why bitwise: the sampler makes the samples of every step independent of
-# placement (DESIGN.md 3), both runs give every rank 1 GEMM thread (2 cores,
+# placement (Note [global step] in data/sampler.hpp), both runs give every rank 1 GEMM thread (2 cores,
 # 2 or 4 ranks per node), and Open MPI's tuned component chooses the
 # all-reduce algorithm from the communicator size and message size only
 # (4 ranks, same buckets in both runs), so every sum is added in the same

@@ -11,16 +11,29 @@
 
 namespace ddp::checkpoint {
 
+// F32 for parameters, optimizer state and float buffers; I64 for counters
+// (BatchNorm's num_batches_tracked, as PyTorch stores it).
+enum class Dtype { F32, I64 };
+const char* to_string(Dtype d);  // "F32", "I64": the safetensors names
+size_t element_size(Dtype d);
+
 struct TensorView {
   std::string name;
-  std::vector<int64_t> shape;
-  const float* data = nullptr;  // F32, numel(shape) elements
+  std::vector<int64_t> shape;   // [] for a scalar
+  const float* data = nullptr;  // F32: numel(shape) elements
+  const int64_t* ints = nullptr;  // I64 instead (data nullptr)
+  Dtype dtype() const { return ints ? Dtype::I64 : Dtype::F32; }
 };
 
 struct Tensor {
   std::string name;
   std::vector<int64_t> shape;
-  std::vector<float> data;
+  Dtype dtype = Dtype::F32;
+  std::vector<float> data;    // F32
+  std::vector<int64_t> ints;  // I64
+  // The stored little-endian bytes.
+  const char* bytes() const;
+  size_t byte_size() const;
 };
 
 struct SafetensorsFile {
@@ -35,8 +48,9 @@ struct SafetensorsFile {
 void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata);
 
-// Reads and validates (header length, JSON, dtype F32, offsets in bounds and
-// contiguous, file size). Throws ddp::Error naming the path and the problem.
+// Reads and validates (header length, JSON, dtype F32 or I64, offsets in
+// bounds and contiguous, file size). Throws ddp::Error naming the path and
+// the problem.
 SafetensorsFile read_safetensors(const std::string& path);
 
 // The same, in memory: the file's bytes, and a parse of bytes read from path

@@ -64,8 +64,8 @@ class Reducer {
   int launched_early_ = 0;
 };
 
-// Copies rank 0's parameters (and any buffers) to every rank, so replicas
-// start identical.
-void broadcast_parameters(comm::Communicator& comm, float* data, size_t count);
+// Copies rank 0's count floats (host memory: parameters, buffers) to every
+// rank, in pieces small enough for any MPI count; what names them in errors.
+void broadcast_from_rank0(comm::Communicator& comm, float* data, size_t count, const std::string& what);
 
 }  // namespace ddp

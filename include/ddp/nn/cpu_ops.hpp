@@ -5,7 +5,7 @@
 //
 // Layout is PyTorch's: activations NCHW, conv weight [oc, ic, k, k], linear
 // weight [out, in]. Every backward ADDS into parameter gradients (Note
-// [gradient accumulation] in layer.hpp) and OVERWRITES dx; dx may be nullptr.
+// [gradient accumulation] in device.hpp) and OVERWRITES dx; dx may be nullptr.
 #pragma once
 
 #include <cstdint>
@@ -90,6 +90,46 @@ void linear_forward(int batch, int in, int out, const T* x, const T* w, const T*
 template <typename T>
 void linear_backward(int batch, int in, int out, const T* x, const T* w, const T* dy, T* dw, T* db,
                      T* dx, ThreadPool* pool = nullptr);
+
+// BatchNorm2d over NCHW (hw = h*w), in steps a synchronised BatchNorm can
+// all-reduce between: per channel c, over the batch's n = batch * hw values.
+// Sums are in double, each channel's in a fixed order (channels are shared
+// over pool's threads), so results do not depend on the threads.
+//   forward (train): mean = bn_sum / n; var = bn_sum_sq_dev / n (biased);
+//                    invstd = 1/sqrt(var + eps); y = bn_apply(scale = w*invstd,
+//                    shift = b - mean*scale), as PyTorch's CPU kernel.
+//   backward:        bn_grad_sums gives sum(dy) and sum(dy*(x - mean));
+//                    dw += sum(dy*(x - mean))*invstd, db += sum(dy);
+//                    dx = bn_backward_apply(...).
+template <typename T>
+void bn_sum(int batch, int c, int hw, const T* x, double* sum, ThreadPool* pool = nullptr);
+template <typename T>
+void bn_sum_sq_dev(int batch, int c, int hw, const T* x, const T* mean, double* sq, ThreadPool* pool = nullptr);
+template <typename T>
+void bn_apply(int batch, int c, int hw, const T* x, const T* scale, const T* shift, T* y, ThreadPool* pool = nullptr);
+template <typename T>
+void bn_grad_sums(int batch, int c, int hw, const T* x, const T* mean, const T* dy, double* sum_dy,
+                  double* sum_dy_xmu, ThreadPool* pool = nullptr);
+// dx = w*invstd * (dy - sum_dy/count - (x - mean)*invstd^2*sum_dy_xmu/count),
+// count being the number of values the statistics were taken over (all
+// ranks' with a synchronised BatchNorm).
+template <typename T>
+void bn_backward_apply(int batch, int c, int hw, const T* x, const T* mean, const T* invstd, const T* w,
+                       const T* dy, const double* sum_dy, const double* sum_dy_xmu, double count, T* dx,
+                       ThreadPool* pool = nullptr);
+
+// y = a + b, then max(y, 0) when relu; backward writes the same gradient to
+// da and db (either may be nullptr).
+template <typename T>
+void add_forward(int64_t n, const T* a, const T* b, bool relu, T* y);
+template <typename T>
+void add_backward(int64_t n, const T* y, bool relu, const T* dy, T* da, T* db);
+
+// AdaptiveAvgPool2d(1): y[p] = mean of plane p's hw values (in order).
+template <typename T>
+void global_avgpool_forward(int64_t planes, int hw, const T* x, T* y);
+template <typename T>
+void global_avgpool_backward(int64_t planes, int hw, const T* dy, T* dx);
 
 // Mean softmax cross-entropy over the batch (max-shifted, so large logits do
 // not overflow); writes d(mean loss)/d(logits) when dlogits is not nullptr.

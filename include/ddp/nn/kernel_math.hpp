@@ -58,6 +58,67 @@ DDP_HOST_DEVICE inline float avgpool2_backward_at(int64_t i, int h, int w, const
 DDP_HOST_DEVICE inline float relu_at(float x) { return x > 0.0f ? x : 0.0f; }
 DDP_HOST_DEVICE inline float relu_grad_at(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
 
+// The residual add (add_cpu.cpp): y = a + b, then max(y, 0) with relu; its
+// gradient passes where the output is positive (or everywhere without relu).
+DDP_HOST_DEVICE inline float add_at(float a, float b, bool relu) {
+  const float s = a + b;
+  return relu ? (s > 0.0f ? s : 0.0f) : s;
+}
+DDP_HOST_DEVICE inline float add_grad_at(float y, float dy, bool relu) { return !relu || y > 0.0f ? dy : 0.0f; }
+
+// Global average pooling (pool_cpu.cpp): plane p's mean, summed in order, and
+// the gradient of element i of planes x hw.
+DDP_HOST_DEVICE inline float global_avgpool_at(int64_t p, int hw, const float* x) {
+  const float inv = 1.0f / float(hw);
+  float s = 0.0f;
+  for (int i = 0; i < hw; ++i) s += x[p * hw + i];
+  return s * inv;
+}
+DDP_HOST_DEVICE inline float global_avgpool_grad_at(int64_t i, int hw, const float* dy) {
+  return dy[i / hw] * (1.0f / float(hw));
+}
+
+// BatchNorm2d's per-channel constants (cpu_device.cpp's BatchNorm and the GPU
+// kernels both take them from here). count is the number of values the
+// statistics cover (every rank's with a synchronised BatchNorm).
+DDP_HOST_DEVICE inline float bn_mean(double sum, double count) { return float(sum / count); }
+
+// From the sum of squared deviations from mean: invstd, the affine scale and
+// shift, and the running statistics moved by momentum m (the running variance
+// takes the unbiased estimate, as torch.nn.BatchNorm2d's).
+DDP_HOST_DEVICE inline void bn_train_channel(double sq, double count, double eps, double m, float mean, float w,
+                                             float b, float* invstd, float* scale, float* shift, float* running_mean,
+                                             float* running_var) {
+  const double var = sq / count;  // biased: what normalises
+  *invstd = float(1.0 / sqrt(var + eps));
+  *scale = w * *invstd;
+  *shift = b - mean * *scale;
+  *running_mean = float((1 - m) * *running_mean + m * mean);
+  *running_var = float((1 - m) * *running_var + m * var * count / (count - 1));
+}
+
+// Eval mode: the running statistics as the normalisation.
+DDP_HOST_DEVICE inline void bn_eval_channel(float w, float b, float running_mean, float running_var, double eps,
+                                            float* scale, float* shift) {
+  *scale = float(double(w) / sqrt(double(running_var) + eps));
+  *shift = b - running_mean * *scale;
+}
+
+DDP_HOST_DEVICE inline float bn_apply_at(float x, float scale, float shift) { return x * scale + shift; }
+
+// Backward, from the channel's sum(dy) and sum(dy * (x - mean)): dx = k * (dy
+// - mean_dy - (x - mean) * proj).
+DDP_HOST_DEVICE inline void bn_backward_channel(float w, float invstd, double sum_dy, double sum_dy_xmu,
+                                                double count, float* k, float* mean_dy, float* proj) {
+  const double is = double(invstd);
+  *k = float(double(w) * is);
+  *mean_dy = float(sum_dy / count);
+  *proj = float(sum_dy_xmu / count * is * is);
+}
+DDP_HOST_DEVICE inline float bn_backward_at(float x, float dy, float mean, float k, float mean_dy, float proj) {
+  return k * (dy - mean_dy - (x - mean) * proj);
+}
+
 // Linear's output before its GEMM adds x W^T: element i of [batch, out] is
 // the bias (zero without one).
 DDP_HOST_DEVICE inline float linear_bias_at(int64_t i, int out, const float* b) {

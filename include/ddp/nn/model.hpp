@@ -1,12 +1,8 @@
-// ddp::nn::Model: a sequence of layers whose parameters live in one flat
-// buffer and whose gradients live in another.
-//
-// Note [flat layout]: tensors are laid out in BACKWARD order: the last layer's
-// parameters first, the first layer's last (within a layer, in param_specs()
-// order). Backward visits layers last to first, so after each layer the
-// gradients that are final form a growing PREFIX of the gradient buffer. The
-// reducer relies on this: a bucket is a contiguous slice, and it is complete
-// as soon as the ready prefix covers it.
+// ddp::nn::Model: a Graph (nn/graph.hpp) run on a Device (nn/device.hpp):
+// its flat regions of parameters, gradients and buffers in the device's
+// memory (Note [flat layout], Note [buffers] in graph.hpp), one Kernel per op,
+// and the forward and backward that call them in order. The same code for
+// every device; only the kernels differ.
 #pragma once
 
 #include <cstdint>
@@ -15,117 +11,94 @@
 #include <string>
 #include <vector>
 
-#include "ddp/nn/layer.hpp"
+#include "ddp/nn/device.hpp"
+#include "ddp/nn/graph.hpp"
 
 namespace ddp::nn {
 
-struct ParamInfo {
-  std::string name;            // "conv1.weight"
-  std::vector<int64_t> shape;
-  size_t offset = 0;           // in elements, into params() and grads()
-  size_t numel = 0;
+// A model's state on the host: what checkpoints and output files hold, and
+// what start-up and resume set.
+struct ModelState {
+  std::vector<float> params;    // Graph::num_params, flat order
+  std::vector<float> buffers;   // Graph::num_buffers
+  std::vector<int64_t> counters;  // one per Graph::counters
 };
 
-class ThreadPool;  // thread_pool.hpp
-
-// Where a layer sequence's tensors live in the flat buffers (Note [flat
-// layout]), computed once for the CPU model and its GPU twin alike.
-struct FlatLayout {
-  std::vector<Shape> shapes;                      // shapes[i] = input of layer i; back() = output
-  std::vector<ParamInfo> params;                  // in flat order
-  std::vector<Init> inits;                        // parallel to params
-  std::vector<std::vector<size_t>> layer_params;  // per layer: indices into params, spec order
-  std::vector<size_t> ready_after;                // per layer: prefix final after its backward
-  size_t numel = 0;
-};
-// Checks the wiring (errors name the model and layer) and lays the tensors out.
-FlatLayout plan_layout(const std::string& model, Shape input, const std::vector<std::unique_ptr<Layer>>& layers);
-// Layer::bind for every layer, with its slices of the flat buffers (host or
-// device alike: only pointer arithmetic).
-void bind_layers(const FlatLayout& layout, const std::vector<std::unique_ptr<Layer>>& layers, float* params,
-                 float* grads);
+// A fresh state: parameters as their specs say (d2l's N(0, 0.01), zeros,
+// ones, or PyTorch's U(-bound, bound)), each tensor from its own stream of
+// the seed keyed by its name, so adding an op leaves the other tensors'
+// values unchanged; buffers as their specs say; counters zero.
+ModelState init_state(const Graph& g, uint64_t seed);
 
 class Model {
  public:
-  // Runs on default_threads() threads (OpenBLAS's count, which World sets to
-  // this rank's share of the cores); set_threads changes that.
-  Model(std::string name, Shape input, std::vector<std::unique_ptr<Layer>> layers);
+  // stats: what synchronised ops (SyncBatchNorm) reduce their statistics
+  // with; nullptr: each rank normalises over its own batch.
+  Model(Graph graph, Device& device, StatsReducer* stats = nullptr);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
-  const std::string& name() const { return name_; }
-  Shape input_shape() const { return input_; }
-  Shape output_shape() const;   // (classes, 1, 1) for a classifier
+  const Graph& graph() const { return graph_; }
+  const std::string& name() const { return graph_.model; }
+  Device& device() { return device_; }
+  Shape input_shape() const { return graph_.input; }
+  Shape output_shape() const { return graph_.output_shape(); }
+  size_t num_params() const { return graph_.num_params; }
+  const std::vector<TensorInfo>& param_info() const { return graph_.params; }
 
-  size_t num_params() const { return params_.size(); }
-  float* params() { return params_.data(); }
-  const float* params() const { return params_.data(); }
-  float* grads() { return grads_.data(); }
-  const float* grads() const { return grads_.data(); }
-  // In flat-buffer order (Note [flat layout]).
-  const std::vector<ParamInfo>& param_info() const { return layout_.params; }
+  // Device memory.
+  float* params() { return params_->data(); }
+  float* grads() { return grads_->data(); }
+  float* buffers() { return buffers_ ? buffers_->data() : nullptr; }
+  // Host (Note [buffers]).
+  std::vector<int64_t>& counters() { return counters_; }
 
-  // Weights per ParamSpec::init from a deterministic stream of seed.
-  void init_params(uint64_t seed);
+  // Host copies (both return when the copy is done).
+  void set_state(const ModelState& s);
+  void get_state(ModelState& s);
+  void set_buffers(const ModelState& s);  // buffers and counters only
+  void get_buffers(ModelState& s);
+
   void zero_grads();
 
-  // Logits for a batch: batch * output_shape().numel() floats, owned by the model
-  // and valid until the next forward.
-  const float* forward(const float* x, int batch);
+  // Logits of a batch (device memory: batch * output_shape().numel() floats,
+  // owned by the model, valid until the next forward). x is read again by
+  // backward: the caller keeps it until then. Eval mode uses BatchNorm's
+  // running statistics and updates nothing.
+  const float* forward(const float* x, int batch, Mode mode = Mode::Train);
 
-  // Backward from d(loss)/d(logits) of the last forward. After each layer's
-  // backward, on_ready(n) says the first n elements of grads() are final
-  // (Note [flat layout]); n never decreases within one backward.
-  void backward(const float* dlogits, int batch,
-                const std::function<void(size_t)>& on_ready = {});
-
-  // Threads the layers split a batch over (>= 1); OpenBLAS runs
-  // single-threaded on each of them (Note [serial OpenBLAS] in gemm.hpp).
-  void set_threads(int threads);
-  int threads() const;
+  // Backward from d(loss)/d(logits) of the last (training) forward. After
+  // each op's backward, on_ready(n) says the first n elements of grads() are
+  // final (Note [flat layout]); n never decreases within one backward. On a
+  // device that queues work, "final" means issued before anything issued
+  // after the call.
+  void backward(const float* dlogits, int batch, const std::function<void(size_t)>& on_ready = {});
 
  private:
-  std::string name_;
-  Shape input_;
-  std::unique_ptr<ThreadPool> pool_;
-  std::vector<std::unique_ptr<Layer>> layers_;
-  FlatLayout layout_;
-  std::vector<float> params_, grads_;
-  // acts_[i] = input of layer i (acts_[0] a copy of the caller's batch, so the
-  // caller may reuse its buffer before backward); back() = logits. Sized for
-  // the largest batch seen: steps after the first allocate nothing.
-  std::vector<std::vector<float>> acts_;
-  std::vector<std::vector<float>> dacts_;  // dacts_[i] = d(loss)/d(acts_[i]), 0 < i < layers
-  int last_batch_ = -1;                    // batch of the last forward; -1: none yet
+  float* value(int v);  // an op's output (v >= 1)
+  void reserve(int batch);
+  Graph graph_;
+  Device& device_;
+  std::vector<std::unique_ptr<Kernel>> kernels_;
+  std::vector<OpArgs> args_;  // per op: the pointers that do not change between calls
+  std::unique_ptr<Array> params_, grads_, buffers_;
+  std::vector<int64_t> counters_;
+  // acts_[v]: value v (v >= 1); dacts_[v]: d(loss)/d(value v); scratch_: an
+  // input gradient that must be added to one already written (a value read
+  // by several ops). Sized for the largest batch seen: steps after the first
+  // allocate nothing.
+  std::vector<std::unique_ptr<Array>> acts_, dacts_;
+  std::unique_ptr<Array> scratch_;
+  const float* input_ = nullptr;  // x of the last forward
+  int capacity_ = 0;              // batch the arrays hold
+  int last_batch_ = -1;           // batch of the last training forward; -1: none
 };
 
-// A model's architecture as data: each device builds its own layers from it
-// (make_layer here, the GPU twins in nn/cuda_model.hpp), so both run the same
-// layers with the same parameters in the same flat layout.
-enum class LayerKind { Conv2d, ConvReluPool, AvgPool2d, ReLU, Flatten, Linear };
-struct LayerSpec {
-  LayerKind kind = LayerKind::ReLU;
-  std::string name;
-  Shape in;         // per-sample input shape
-  int out = 0;      // output channels (convolutions) or features (Linear)
-  int k = 0, stride = 1, pad = 0;  // convolutions: square kernel
-};
-// The layers of a known model, for this input and number of classes.
-// Throws ddp::Error naming an unknown model and the known ones.
-std::vector<LayerSpec> model_spec(const std::string& name, Shape input, int classes);
-// The CPU layer of a spec.
-std::unique_ptr<Layer> make_layer(const LayerSpec& spec);
-
-// "lenet" (d2l's variant, DESIGN.md) or "mlp" (784-256-10 with ReLU).
-// Throws ddp::Error naming the unknown model and the known ones.
-std::unique_ptr<Model> make_model(const std::string& name, Shape input, int classes);
-std::vector<std::string> known_models();
-
-// Mean softmax cross-entropy over the batch; writes d(mean loss)/d(logits).
-float softmax_cross_entropy(const float* logits, const int32_t* labels, int batch, int classes,
-                            float* dlogits);
-// Number of rows whose arg-max equals the label.
+// Mean softmax cross-entropy over the batch (host memory); writes
+// d(mean loss)/d(logits) when dlogits is not nullptr.
+float softmax_cross_entropy(const float* logits, const int32_t* labels, int batch, int classes, float* dlogits);
+// Rows whose arg-max (the first maximum, as torch.argmax) equals the label.
 int64_t count_correct(const float* logits, const int32_t* labels, int batch, int classes);
 
 }  // namespace ddp::nn

@@ -1,9 +1,10 @@
-// ddp::optim::Sgd: PyTorch's torch.optim.SGD over the flat parameter buffer,
-// one pass per step (Note [flat layout] in nn/model.hpp).
+// ddp::optim::sgd_step: PyTorch's torch.optim.SGD over the flat parameter
+// buffer, one pass per step (Note [flat layout] in nn/graph.hpp). Its state,
+// the momentum buffer, is the replica's (train/replica.hpp), on the device
+// the parameters are on; sgd_step_cuda (sgd_cuda.hpp) is the GPU twin.
 #pragma once
 
 #include <cstddef>
-#include <vector>
 
 namespace ddp::optim {
 
@@ -15,24 +16,10 @@ struct SgdOptions {
   bool nesterov = false;
 };
 
-class Sgd {
- public:
-  Sgd(size_t numel, SgdOptions opt);
-  // p -= lr * update(g), with PyTorch's order: weight decay, momentum
-  // (the first step's buffer is g itself), nesterov.
-  void step(float* params, const float* grads);
-  void set_lr(double lr) { opt_.lr = lr; }
-  const SgdOptions& options() const { return opt_; }
-  // Momentum buffer (empty without momentum), for checkpoints.
-  std::vector<float>& momentum_buffer() { return buf_; }
-  bool has_momentum_state() const { return started_; }
-  void set_started(bool s) { started_ = s; }
-
- private:
-  size_t n_;
-  SgdOptions opt_;
-  std::vector<float> buf_;
-  bool started_ = false;
-};
+// p -= lr * update(g) over n floats, in PyTorch's order: weight decay,
+// momentum (the first step, first == true, sets the buffer to the decayed
+// gradient itself, undamped), nesterov. momentum is the buffer, nullptr when
+// opt.momentum is 0. Throws ddp::Error for options PyTorch refuses.
+void sgd_step(const SgdOptions& opt, bool first, size_t n, float* p, const float* g, float* momentum);
 
 }  // namespace ddp::optim

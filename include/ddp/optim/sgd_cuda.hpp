@@ -1,4 +1,4 @@
-// The GPU twin of Sgd::step (optim/sgd.hpp): the same update, in PyTorch's
+// The GPU twin of sgd_step (optim/sgd.hpp): the same update, in PyTorch's
 // order, over the whole flat buffer in ONE kernel launch on stream.
 #pragma once
 

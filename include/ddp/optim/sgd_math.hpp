@@ -1,6 +1,6 @@
-// Sgd::step's update of one element, as the GPU's one-launch SGD kernel
+// sgd_step's update of one element, as the GPU's one-launch SGD kernel
 // (sgd_cuda.cu) runs it on the device and tests/unit/optim checks it against
-// Sgd::step on the host (core/host_device.hpp).
+// sgd_step on the host (core/host_device.hpp).
 #pragma once
 
 #include <cstddef>
@@ -10,7 +10,7 @@
 
 namespace ddp::optim {
 
-// The options as float, as Sgd::step and the GPU kernel both take them, so
+// The options as float, as sgd_step and the GPU kernel both take them, so
 // both devices take the same branches.
 struct SgdScalars {
   float lr = 0, wd = 0, mu = 0, damp = 1;  // damp: 1 - dampening

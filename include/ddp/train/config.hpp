@@ -10,6 +10,7 @@ struct Config {
   std::string model = "lenet";
   std::string data_dir;          // IDX files; empty means synthetic data
   int64_t synthetic = 0;         // > 0: generated dataset of this many training images
+  int64_t train_limit = 0;       // > 0: train on the first N training samples only
   int epochs = 10;
   int batch_size = 256;          // global batch, split evenly over ranks
   double lr = 0.2;
@@ -21,6 +22,7 @@ struct Config {
   std::string device = "auto";   // auto | cpu | cuda
   double bucket_cap_mb = 25.0;
   bool overlap = true;           // false: every all-reduce after backward (--no-overlap)
+  bool sync_bn = false;          // BatchNorm statistics over all ranks (--sync-bn)
   double timeout_sec = 300.0;    // bound on every collective
   double preflight_timeout_sec = 60.0;  // bound on the start-up check that every rank is reachable
   std::string metrics_out;       // JSON lines, one per epoch

@@ -1,5 +1,5 @@
 // ddp::train::place_rank: --device and --backend resolved to what this rank
-// runs on, as DESIGN.md says: device auto is cuda when every rank sees a GPU
+// runs on (README, GPUs): device auto is cuda when every rank sees a GPU
 // (and this build has the CUDA backend), else cpu; backend auto is nccl when
 // every rank has a GPU of its own, else mpi.
 #pragma once
@@ -14,7 +14,7 @@ namespace ddp::train {
 
 struct Placement {
   std::string device;   // "cpu" or "cuda"
-  std::string backend;  // "mpi" or "nccl"; on cuda also "auto" (make_cuda_replica decides)
+  std::string backend;  // "mpi" or "nccl"; on cuda also "auto" (make_cuda_backend decides)
   int gpu = -1;         // device index on cuda (runtime/device.hpp's choose_gpu)
   std::string note;     // for rank 0 to print, when auto made a choice worth saying
 };

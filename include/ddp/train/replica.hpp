@@ -1,27 +1,38 @@
-// ddp::train::Replica: one rank's copy of the model on its device, with what a
-// step needs around it: the optimizer, the reducer over its gradients and the
-// way batches reach the device. The trainer's loop is device-blind; it sees
-// the host Model and Sgd, which hold the state checkpoints and output files
-// are made from: pull() makes them current, push() sends them to the device.
+// ddp::train::Replica: one rank's copy of the model on its device and the step
+// around it, written once for every device:
 //
-// Both devices run the same step:
-//   zero grads -> forward -> softmax cross-entropy -> backward, each layer's
-//   gradients handed to the reducer as they become final -> wait for the
-//   buckets (averaged over ranks) -> SGD over the flat buffer.
+//   stage the batch on the device -> zero grads -> forward -> softmax
+//   cross-entropy -> backward, each op's gradients handed to the reducer as
+//   they become final -> wait for the buckets (averaged over ranks) -> check
+//   the gradients are finite -> SGD over the flat buffer.
+//
+// What differs between devices is a Backend (replica_cpu.cpp,
+// replica_cuda.cu): the nn::Device, the communicator the reducer uses, how a
+// batch reaches the device, the loss and SGD kernels, and where the step's
+// sums are kept until the trainer reads them.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "ddp/comm/communicator.hpp"  // Communicator
 #include "ddp/data/loader.hpp"        // Batch
 #include "ddp/ddp/reducer.hpp"        // Reducer
-#include "ddp/nn/model.hpp"           // Model
-#include "ddp/optim/sgd.hpp"          // Sgd
+#include "ddp/nn/model.hpp"           // Model, ModelState, Graph
+#include "ddp/optim/sgd.hpp"          // SgdOptions
 #include "ddp/runtime/world.hpp"      // World
 #include "ddp/train/config.hpp"       // Config
 
 namespace ddp::train {
+
+// What the training steps since the last take_sums() added up to on this rank.
+struct StepSums {
+  double loss = 0;       // sum over samples of the per-sample loss
+  double correct = 0;    // samples whose arg-max was the label
+  double comm_wait = 0;  // seconds the host waited for buckets
+};
 
 // Whether a step stayed finite. The averaged gradients are the same on every
 // rank, so every rank gives the same grads_finite for a step; loss_finite is
@@ -32,64 +43,112 @@ struct StepHealth {
   double loss = 0;  // this rank's mean loss of the step
 };
 
-// What the training steps since the last take_sums() added up to on this rank.
-struct StepSums {
-  double loss = 0;       // sum over samples of the per-sample loss
-  double correct = 0;    // samples whose arg-max was the label
-  double comm_wait = 0;  // seconds the host waited for buckets
+// Everything a checkpoint holds of a replica, on the host: the model's
+// parameters, buffers and counters, and the optimizer's state.
+struct TrainState {
+  nn::ModelState model;
+  std::vector<float> momentum;  // empty without momentum, or before the first step
 };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string device_name() const = 0;  // "cpu", "cuda:<index>"
+  virtual nn::Device& device() = 0;
+  // The communicator everything goes through: gradients on the device's
+  // memory, the blocking collectives on host memory.
+  virtual comm::Communicator& comm() = 0;
+  // Blocks until the device has done what was issued, bounded by the
+  // communicator's timeout.
+  virtual void sync(const std::string& what) = 0;
+
+  // The batch on the device (inputs, labels), valid until batch_done();
+  // batch_done() is called once the work that reads it has been issued.
+  virtual std::pair<const float*, const int32_t*> stage(const data::Batch& b) = 0;
+  virtual void batch_done() = 0;
+
+  // Softmax cross-entropy: writes d(mean loss)/d(logits) and adds the batch's
+  // loss sum and correct count to the running sums. Returns the batch's mean
+  // loss where the host has it at once (CPU), else nullopt.
+  virtual std::optional<double> loss(const float* logits, const int32_t* labels, int batch, int classes,
+                                     float* dlogits) = 0;
+  virtual void count_correct(const float* logits, const int32_t* labels, int batch, int classes) = 0;
+  // The sums since the last call (loss, correct; evaluation correct), reset.
+  virtual std::vector<double> take_sums() = 0;
+
+  // Whether all_finite is cheap enough to run every step (it needs the host
+  // to look at device memory).
+  virtual bool checks_every_step() const = 0;
+  virtual bool all_finite(const float* p, size_t n) = 0;
+  // p -= lr * update(g) over the flat buffer (optim/sgd.hpp); momentum is
+  // nullptr without momentum, and first says the buffer is not set yet.
+  virtual void sgd_step(const optim::SgdOptions& opt, bool first, size_t n, float* p, const float* g,
+                        float* momentum) = 0;
+};
+
+// The CPU backend: host memory, the MPI communicator, the kernels on as many
+// threads as World gave OpenBLAS (this rank's share of the cores).
+std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<comm::Communicator> comm);
+
+#if DDP_HAVE_CUDA
+// The GPU backend on device index `gpu` (chosen by choose_gpu,
+// runtime/device.hpp): binds it, gathers every rank's (host, bus id) over
+// host_comm and refuses two nccl ranks on one GPU (backend auto: nccl when
+// no GPU is shared, else mpi), then the communicator (nccl, or mpi staged
+// through pinned memory) and batches through pinned buffers on the copy
+// stream. Collective.
+std::unique_ptr<Backend> make_cuda_backend(const World& world, const Config& cfg, int gpu,
+                                           std::unique_ptr<comm::Communicator> host_comm);
+#endif
 
 class Replica {
  public:
-  virtual ~Replica() = default;
-  // "cpu", or "cuda:<index>" of the GPU this rank drives.
-  virtual std::string device() const = 0;
-  // The one the trainer uses for everything: its host collectives (broadcast,
-  // allgather, allreduce_doubles) work on host memory on every device.
-  virtual comm::Communicator& comm() = 0;
-  virtual const Reducer& reducer() const = 0;
+  // With cfg.sync_bn, BatchNorm's statistics are summed over ranks.
+  Replica(const Config& cfg, std::unique_ptr<Backend> backend, nn::Graph graph);
+  ~Replica();
 
-  // Host state: parameters (and the optimizer's momentum) as of the last
-  // pull(), or as set by the caller before push().
-  nn::Model& model() { return *model_; }
-  optim::Sgd& sgd() { return *sgd_; }
-  virtual void push() = 0;  // host model and momentum -> device
-  virtual void pull() = 0;  // device -> host model and momentum
+  std::string device() const { return backend_->device_name(); }
+  comm::Communicator& comm() { return backend_->comm(); }
+  const Reducer& reducer() const { return *reducer_; }
+  const nn::Graph& graph() const { return model_->graph(); }
+  bool has_momentum() const { return momentum_ != nullptr; }
+
+  // Host state: set (push) and read back (pull). pull waits for the device.
+  void push(const TrainState& s);
+  void pull(TrainState& s);
+  // Buffers and counters only (the trainer's broadcasts of rank 0's).
+  void push_buffers(const nn::ModelState& s);
+  void pull_buffers(nn::ModelState& s);
 
   // One optimizer step on this rank's part of the global batch. May return
   // before the device has finished it; batch may be reused on return. When
   // the averaged gradients hold a NaN or an infinity the parameters are left
-  // as they were and grads_finite is false (the CPU checks every step; a GPU
-  // does not stop to look, and reports true: its divergence shows in the
-  // epoch's loss and in the parameters checked before each save).
-  virtual StepHealth train_step(const data::Batch& batch) = 0;
+  // as they were and grads_finite is false (checked every step where the
+  // backend can afford it, the CPU; a GPU's divergence shows in the epoch's
+  // loss and in the parameters checked before each save).
+  StepHealth train_step(const data::Batch& batch);
   // The sums of the steps since the last call (waits for them).
-  virtual StepSums take_sums() = 0;
+  StepSums take_sums();
 
-  // Evaluation: adds the batch's correct predictions to a count that
-  // take_correct() returns (waiting for it) and resets.
-  virtual void eval_batch(const data::Batch& batch) = 0;
-  virtual double take_correct() = 0;
+  // Evaluation (BatchNorm on its running statistics): adds the batch's
+  // correct predictions to a count that take_correct() returns (waiting for
+  // it) and resets.
+  void eval_batch(const data::Batch& batch);
+  double take_correct();
 
- protected:
+ private:
+  class Stats;  // SyncBatchNorm's reducer over the backend's communicator
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Stats> stats_;
   std::unique_ptr<nn::Model> model_;
-  std::unique_ptr<optim::Sgd> sgd_;
+  std::unique_ptr<Reducer> reducer_;
+  optim::SgdOptions sgd_;
+  std::unique_ptr<nn::Array> momentum_, dlogits_;
+  bool momentum_started_ = false;
+  int classes_ = 0;
+  // The backend's sums come as one set; what take_sums reads of evaluation,
+  // and take_correct of training, waits here for the other call.
+  double comm_wait_ = 0, loss_ = 0, correct_ = 0, eval_correct_ = 0;
 };
-
-// The CPU replica: layers on this rank's threads, comm (the MPI backend).
-std::unique_ptr<Replica> make_cpu_replica(const Config& cfg, std::unique_ptr<comm::Communicator> comm,
-                                          std::unique_ptr<nn::Model> model, std::unique_ptr<optim::Sgd> sgd);
-
-#if DDP_HAVE_CUDA
-// The GPU replica on device index `gpu` (chosen by choose_gpu,
-// runtime/device.hpp): binds it, gathers every rank's (host, bus id) over
-// host_comm (then the backend's communicator for host memory) and refuses two nccl ranks on one GPU (backend auto: nccl when
-// no GPU is shared, else mpi), then cuDNN/cuBLAS layers, the backend (nccl,
-// or mpi staged through pinned memory) and batches through pinned buffers on
-// the copy stream. Collective.
-std::unique_ptr<Replica> make_cuda_replica(const World& world, const Config& cfg, int gpu,
-                                           std::unique_ptr<comm::Communicator> host_comm,
-                                           std::unique_ptr<nn::Model> model, std::unique_ptr<optim::Sgd> sgd);
-#endif
 
 }  // namespace ddp::train

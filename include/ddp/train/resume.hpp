@@ -13,31 +13,33 @@
 #include "ddp/checkpoint/checkpoint.hpp"
 #include "ddp/comm/communicator.hpp"
 #include "ddp/data/dataset.hpp"
-#include "ddp/nn/model.hpp"
-#include "ddp/optim/sgd.hpp"
+#include "ddp/nn/graph.hpp"
 #include "ddp/train/config.hpp"
+#include "ddp/train/replica.hpp"  // TrainState
 
 namespace ddp::train {
 
 // The configuration a resumed run must share with its checkpoint, field by
 // field (model, architecture fingerprint, global batch, seed, dataset,
-// optimizer, LR schedule). World size, epochs, buckets may change.
-std::map<std::string, std::string> resume_config(const Config& cfg, const nn::Model& model,
+// optimizer, LR schedule, whose batch statistics). World size, epochs,
+// buckets may change.
+std::map<std::string, std::string> resume_config(const Config& cfg, const nn::Graph& g,
                                                  const data::Dataset& train);
 
-// Parameters, then optimizer state (Note [checkpoint contents]).
-std::vector<checkpoint::TensorView> checkpoint_tensors(const nn::Model& model, optim::Sgd& sgd);
+// Parameters, buffers and counters under their state-dict names, then the
+// optimizer's state (Note [checkpoint contents]).
+std::vector<checkpoint::TensorView> checkpoint_tensors(const nn::Graph& g, const TrainState& s);
 
 // Throws ddp::Error naming the file when the checkpoint cannot be this run's
 // starting point: its position (Note [resume position]) for `steps` steps per
 // epoch of `global_batch` samples, or a tensor the model needs that is missing
-// or has the wrong shape.
-void check_resumable(const std::string& path, const checkpoint::Checkpoint& ckpt, const nn::Model& model,
+// or has the wrong shape or type.
+void check_resumable(const std::string& path, const checkpoint::Checkpoint& ckpt, const nn::Graph& g,
                      int64_t steps, int global_batch);
 
-// Copies a checkpoint's tensors into the model and optimizer (check_resumable
-// first).
-void restore(const checkpoint::Checkpoint& ckpt, nn::Model& model, optim::Sgd& sgd);
+// The checkpoint's tensors as a TrainState (check_resumable first); its
+// momentum buffers only where the run has momentum.
+void restore(const checkpoint::Checkpoint& ckpt, const nn::Graph& g, bool momentum, TrainState& s);
 
 struct Resumed {
   std::string path;

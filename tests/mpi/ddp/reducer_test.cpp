@@ -148,13 +148,13 @@ TEST(Reducer, DifferentModelsOnDifferentRanksAreRefused) {
   }
 }
 
-TEST(BroadcastParameters, EveryRankEndsWithRankZeros) {
+TEST(BroadcastFromRank0, EveryRankEndsWithRankZeros) {
   auto comm = comm::make_mpi_communicator(test_world());
   // Larger than one broadcast piece (16 Mi floats), so the chunking is used.
   const size_t n = (size_t(16) << 20) + 5;
   std::vector<float> p(n);
   for (size_t i = 0; i < n; ++i) p[i] = rank_value(comm->rank(), i) + 0.5f * comm->rank();
-  broadcast_parameters(*comm, p.data(), n);
+  broadcast_from_rank0(*comm, p.data(), n, "test parameters");
   size_t bad = 0;
   for (size_t i = 0; i < n; ++i) bad += p[i] != rank_value(0, i);
   EXPECT_EQ(bad, 0u);

@@ -1,14 +1,17 @@
-// Every GPU layer against its CPU twin (the reference, layers.hpp) on the same
-// random inputs and parameters: forward, dx, and parameter gradients that must
-// be ADDED to what the gradient buffers held (Note [gradient accumulation]).
+// Every op kind's GPU kernels against the CPU's (the reference) on the same
+// random inputs, parameters and buffers: forward, the buffers it moves, dx,
+// and parameter gradients that must be ADDED to what the gradient buffers
+// held (Note [gradient accumulation] in nn/device.hpp).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <vector>
 
-#include "ddp/core/error.hpp"     // ddp::Error
-#include "ddp/nn/cuda_model.hpp"  // make_cuda_layer
-#include "ddp/nn/model.hpp"       // LayerSpec, make_layer
+#include "ddp/core/error.hpp"      // ddp::Error
+#include "ddp/nn/cuda_device.hpp"  // make_cuda_device
+#include "ddp/nn/device.hpp"       // make_cpu_device, Kernel, OpArgs
+#include "ddp/nn/graph.hpp"        // GraphBuilder
 #include "nn_cuda_test_util.hpp"
 
 namespace ddp::nn {
@@ -18,141 +21,197 @@ using nn_cuda_test::agrees;
 using nn_cuda_test::DeviceArray;
 using nn_cuda_test::normal;
 using nn_cuda_test::on_grid;
-using nn_cuda_test::to_host;
 
 class CudaLayers : public nn_cuda_test::GpuTest {
  protected:
-  void check(const LayerSpec& spec, int batch);
+  void check(const Graph& g, size_t op, int batch);
 };
 
 // Convolution inputs and parameters on a grid (nn_cuda_test::on_grid), the
 // bias half a step off it: conv + bias is then exact and never 0, so relu's
 // mask is the same on both devices whatever cuDNN's summation order. Other
-// layers get plain normal values.
-void CudaLayers::check(const LayerSpec& spec, int batch) {
-  SCOPED_TRACE(spec.name + " batch " + std::to_string(batch));
-  const bool conv = spec.kind == LayerKind::Conv2d || spec.kind == LayerKind::ConvReluPool;
-  std::unique_ptr<Layer> cpu = make_layer(spec);
-  std::unique_ptr<Layer> gpu = make_cuda_layer(spec, ctx());
-  const Shape out = cpu->output_shape(spec.in);
-  ASSERT_TRUE(gpu->output_shape(spec.in) == out);
-  ASSERT_EQ(gpu->name(), cpu->name());
-  const std::vector<ParamSpec> specs = cpu->param_specs(), gspecs = gpu->param_specs();
-  ASSERT_EQ(gspecs.size(), specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    EXPECT_EQ(gspecs[i].name, specs[i].name);
-    EXPECT_EQ(gspecs[i].shape, specs[i].shape);
-    EXPECT_EQ(gspecs[i].init, specs[i].init);
-  }
+// ops get plain normal values.
+void CudaLayers::check(const Graph& g, size_t op_index, int batch) {
+  const Op& op = g.ops[op_index];
+  SCOPED_TRACE(op.name + " batch " + std::to_string(batch));
+  const bool conv = op.kind == OpKind::Conv2d || op.kind == OpKind::ConvReluPool;
+  auto cpu_dev = make_cpu_device(2);
+  auto gpu_dev = make_cuda_device(ctx());
+  auto cpu = cpu_dev->kernel(g, op_index, nullptr);
+  auto gpu = gpu_dev->kernel(g, op_index, nullptr);
 
-  // Parameters, and gradients pre-filled with nonzero values.
-  std::vector<std::vector<float>> p, g;
-  std::vector<std::unique_ptr<DeviceArray<float>>> dp, dg;
-  std::vector<float*> pp, gp, dpp, dgp;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const size_t n = size_t(specs[i].numel());
-    const bool bias = specs[i].name == "bias";
+  // Parameters, gradients pre-filled with nonzero values, buffers.
+  std::vector<std::vector<float>> p, dp, buf;
+  for (size_t k : g.op_params[op_index]) {
+    const TensorInfo& t = g.params[k];
+    const bool bias = t.name.size() > 4 && t.name.compare(t.name.size() - 4, 4, "bias") == 0;
     if (conv)
-      p.push_back(bias ? on_grid(n, 100 + i, 1.0f / 32, 8, 1.0f / 64) : on_grid(n, 100 + i, 1.0f / 8, 4));
+      p.push_back(bias ? on_grid(t.numel, 100 + k, 1.0f / 32, 8, 1.0f / 64) : on_grid(t.numel, 100 + k, 1.0f / 8, 4));
     else
-      p.push_back(normal(n, 100 + i, bias ? 0.5 : 0.1));
-    g.push_back(normal(n, 200 + i));
+      p.push_back(normal(t.numel, 100 + k, bias ? 0.5 : 0.1));
+    dp.push_back(normal(t.numel, 200 + k));
   }
-  for (size_t i = 0; i < specs.size(); ++i) {
-    dp.push_back(std::make_unique<DeviceArray<float>>(ctx(), p[i]));
-    dg.push_back(std::make_unique<DeviceArray<float>>(ctx(), g[i]));
-    pp.push_back(p[i].data());
-    gp.push_back(g[i].data());
-    dpp.push_back(dp[i]->get());
-    dgp.push_back(dg[i]->get());
+  for (size_t k : g.op_buffers[op_index]) {
+    buf.push_back(normal(g.buffers[k].numel, 300 + k, 0.2));
+    if (g.buffers[k].name.find("running_var") != std::string::npos)
+      for (float& v : buf.back()) v = 1.0f + std::abs(v);
   }
-  cpu->bind(pp, gp);
-  gpu->bind(dpp, dgp);
+  std::vector<std::unique_ptr<DeviceArray<float>>> gp, gdp, gbuf;
+  OpArgs ca, ga;
+  ca.batch = ga.batch = batch;
+  for (size_t i = 0; i < p.size(); ++i) {
+    gp.push_back(std::make_unique<DeviceArray<float>>(ctx(), p[i]));
+    gdp.push_back(std::make_unique<DeviceArray<float>>(ctx(), dp[i]));
+    ca.p.push_back(p[i].data());
+    ca.dp.push_back(dp[i].data());
+    ga.p.push_back(gp[i]->get());
+    ga.dp.push_back(gdp[i]->get());
+  }
+  for (size_t i = 0; i < buf.size(); ++i) {
+    gbuf.push_back(std::make_unique<DeviceArray<float>>(ctx(), buf[i]));
+    ca.buf.push_back(buf[i].data());
+    ga.buf.push_back(gbuf[i]->get());
+  }
+  int64_t cpu_counter = 0, gpu_counter = 0;
+  if (op.counter) {
+    ca.counter = &cpu_counter;
+    ga.counter = &gpu_counter;
+  }
 
-  const size_t nx = size_t(batch) * size_t(spec.in.numel()), ny = size_t(batch) * size_t(out.numel());
-  const std::vector<float> x = conv ? on_grid(nx, 1, 0.25f, 4) : normal(nx, 1);
-  const std::vector<float> dy = normal(ny, 2);
-  // y and dx start nonzero: both must be overwritten. Pool memory's contents
-  // are undefined and may be zeros, which would let a y or dx that is added
-  // to (beta = 1) or only partly written pass.
-  DeviceArray<float> gx(ctx(), x), gy(ctx(), normal(ny, 3)), gdy(ctx(), dy), gdx(ctx(), normal(nx, 4));
+  // Inputs; y and dx start nonzero: both must be overwritten. Pool memory's
+  // contents are undefined and may be zeros, which would let a y or dx that
+  // is added to (beta = 1) or only partly written pass.
+  std::vector<std::vector<float>> x, dx;
+  std::vector<std::unique_ptr<DeviceArray<float>>> gx, gdx;
+  for (size_t i = 0; i < op.inputs.size(); ++i) {
+    const size_t n = size_t(batch) * size_t(g.values[size_t(op.inputs[i])].numel());
+    x.push_back(conv ? on_grid(n, 1 + i, 0.25f, 4) : normal(n, 1 + i));
+    dx.push_back(std::vector<float>(n));
+    gx.push_back(std::make_unique<DeviceArray<float>>(ctx(), x.back()));
+    gdx.push_back(std::make_unique<DeviceArray<float>>(ctx(), normal(n, 4 + i)));
+    ca.x.push_back(x.back().data());
+    ga.x.push_back(gx.back()->get());
+  }
+  const size_t ny = size_t(batch) * size_t(op.out.numel());
+  std::vector<float> y(ny);
+  DeviceArray<float> gy(ctx(), normal(ny, 3)), gdy(ctx(), normal(ny, 2));
+  const std::vector<float> dy = gdy.download();
+  ca.y = y.data();
+  ga.y = gy.get();
 
-  std::vector<float> y(ny), dx(nx);
-  cpu->forward(x.data(), batch, y.data());
-  gpu->forward(gx.get(), batch, gy.get());
+  cpu->forward(ca);
+  gpu->forward(ga);
   EXPECT_TRUE(agrees(gy.download(), y)) << "forward";
+  for (size_t i = 0; i < buf.size(); ++i) EXPECT_TRUE(agrees(gbuf[i]->download(), buf[i])) << "buffer " << i;
+  EXPECT_EQ(gpu_counter, cpu_counter);
 
-  cpu->backward(x.data(), y.data(), dy.data(), batch, dx.data());
-  gpu->backward(gx.get(), gy.get(), gdy.get(), batch, gdx.get());
-  EXPECT_TRUE(agrees(gdx.download(), dx)) << "dx";
-  for (size_t i = 0; i < specs.size(); ++i) EXPECT_TRUE(agrees(dg[i]->download(), g[i])) << specs[i].name << " grad";
+  std::vector<float*> cdx, gdxp, none(op.inputs.size(), nullptr);
+  for (size_t i = 0; i < x.size(); ++i) {
+    cdx.push_back(dx[i].data());
+    gdxp.push_back(gdx[i]->get());
+  }
+  cpu->backward(ca, dy.data(), cdx);
+  gpu->backward(ga, gdy.get(), gdxp);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_TRUE(agrees(gdx[i]->download(), dx[i])) << "dx " << i;
+  for (size_t i = 0; i < p.size(); ++i) EXPECT_TRUE(agrees(gdp[i]->download(), dp[i])) << "grad " << i;
 
-  // Once more without dx (the first layer's case): the gradients add up again.
-  cpu->backward(x.data(), y.data(), dy.data(), batch, nullptr);
-  gpu->backward(gx.get(), gy.get(), gdy.get(), batch, nullptr);
-  for (size_t i = 0; i < specs.size(); ++i)
-    EXPECT_TRUE(agrees(dg[i]->download(), g[i])) << specs[i].name << " grad, second backward";
+  // Once more without dx (the first op's case): the gradients add up again.
+  cpu->backward(ca, dy.data(), none);
+  gpu->backward(ga, gdy.get(), none);
+  for (size_t i = 0; i < p.size(); ++i) EXPECT_TRUE(agrees(gdp[i]->download(), dp[i])) << "grad " << i << ", again";
+
+  if (op.kind == OpKind::BatchNorm2d) {  // eval mode: the running statistics
+    ca.mode = ga.mode = Mode::Eval;
+    cpu->forward(ca);
+    gpu->forward(ga);
+    EXPECT_TRUE(agrees(gy.download(), y)) << "eval forward";
+    EXPECT_EQ(gpu_counter, cpu_counter) << "eval counts no batch";
+  }
+}
+
+// A graph whose op 0 is the one built by add(builder, input).
+template <typename Add>
+Graph one_op(Shape in, Add&& add) {
+  GraphBuilder b("test", in, /*pytorch_init=*/true);
+  const int y = add(b, b.input());
+  return b.finish(b.flatten("flatten_out", y));
 }
 
 TEST_F(CudaLayers, ConvReluPoolLenetConv1) {
-  for (int batch : {7, 64}) check({LayerKind::ConvReluPool, "conv1", {1, 28, 28}, 20, 3}, batch);
+  const Graph g = one_op({1, 28, 28}, [](GraphBuilder& b, int x) { return b.conv_relu_pool("conv1", x, 20, 3); });
+  for (int batch : {7, 64}) check(g, 0, batch);
 }
 
 TEST_F(CudaLayers, ConvReluPoolLenetConv2) {
-  for (int batch : {7, 64}) check({LayerKind::ConvReluPool, "conv2", {20, 13, 13}, 50, 5}, batch);
+  const Graph g = one_op({20, 13, 13}, [](GraphBuilder& b, int x) { return b.conv_relu_pool("conv2", x, 50, 5); });
+  for (int batch : {7, 64}) check(g, 0, batch);
 }
 
-// Stride, padding, and a conv output of odd height (5x6: the last row feeds
-// no pooled output).
-TEST_F(CudaLayers, ConvReluPoolStridePadOddRows) {
-  for (int batch : {3, 16}) check({LayerKind::ConvReluPool, "crp", {3, 10, 12}, 4, 3, 2, 1}, batch);
+TEST_F(CudaLayers, Conv2dPadded) {
+  const Graph g = one_op({3, 12, 10}, [](GraphBuilder& b, int x) { return b.conv("conv", x, 8, 3, 1, 1); });
+  for (int batch : {7, 64}) check(g, 0, batch);
 }
 
-TEST_F(CudaLayers, Conv2d) {
-  for (int batch : {7, 64}) check({LayerKind::Conv2d, "conv", {3, 12, 10}, 8, 3, 1, 1}, batch);
-}
-
+// ResNet-18's strided convolutions: 3x3 padded, and the 1x1 projection.
 TEST_F(CudaLayers, Conv2dStride2) {
-  for (int batch : {5, 32}) check({LayerKind::Conv2d, "conv_s2", {4, 11, 9}, 6, 3, 2, 0}, batch);
+  const Graph g = one_op({4, 11, 9}, [](GraphBuilder& b, int x) { return b.conv("conv_s2", x, 6, 3, 2, 1); });
+  for (int batch : {5, 32}) check(g, 0, batch);
+  const Graph p = one_op({64, 7, 7}, [](GraphBuilder& b, int x) { return b.conv("conv3", x, 128, 1, 2, 0); });
+  for (int batch : {5, 32}) check(p, 0, batch);
 }
 
-TEST_F(CudaLayers, AvgPool2d) {
-  for (int batch : {7, 64}) check({LayerKind::AvgPool2d, "pool", {20, 26, 26}}, batch);
-}
-
-// Odd height and width: the last row and column get zero gradient.
 TEST_F(CudaLayers, AvgPool2dOddSizes) {
-  for (int batch : {7, 64}) check({LayerKind::AvgPool2d, "pool_odd", {5, 9, 7}}, batch);
+  const Graph g = one_op({5, 9, 7}, [](GraphBuilder& b, int x) { return b.avg_pool2("pool_odd", x); });
+  for (int batch : {7, 64}) check(g, 0, batch);
+}
+
+TEST_F(CudaLayers, GlobalAvgPool) {
+  const Graph g = one_op({512, 4, 4}, [](GraphBuilder& b, int x) { return b.global_avg_pool("gap", x); });
+  for (int batch : {7, 64}) check(g, 0, batch);
 }
 
 TEST_F(CudaLayers, ReLU) {
-  for (int batch : {7, 64}) check({LayerKind::ReLU, "relu", {6, 5, 7}}, batch);
+  const Graph g = one_op({6, 5, 7}, [](GraphBuilder& b, int x) { return b.relu("relu", x); });
+  for (int batch : {7, 64}) check(g, 0, batch);
 }
 
-TEST_F(CudaLayers, Flatten) {
-  for (int batch : {7, 64}) check({LayerKind::Flatten, "flatten", {50, 4, 4}}, batch);
+TEST_F(CudaLayers, BatchNorm2dTrainAndEval) {
+  const Graph g = one_op({64, 7, 7}, [](GraphBuilder& b, int x) { return b.batch_norm("bn", x); });
+  for (int batch : {3, 32}) check(g, 0, batch);
 }
 
-TEST_F(CudaLayers, LinearLenetFc1) {
-  for (int batch : {7, 64}) check({LayerKind::Linear, "fc1", {800, 1, 1}, 128}, batch);
+// The residual add, with and without its ReLU (op 1: it reads the input and
+// the ReLU's output, two values).
+TEST_F(CudaLayers, AddWithAndWithoutRelu) {
+  for (const bool relu : {false, true}) {
+    const Graph g = one_op({8, 6, 6}, [relu](GraphBuilder& b, int x) { return b.add("add", x, b.relu("r", x), relu); });
+    for (int batch : {3, 32}) check(g, 1, batch);
+  }
+}
+
+TEST_F(CudaLayers, LinearLenetFc1OnImageShape) {
+  const Graph g = one_op({50, 4, 4}, [](GraphBuilder& b, int x) { return b.linear("fc1", x, 128); });
+  for (int batch : {7, 64}) check(g, 0, batch);
 }
 
 TEST_F(CudaLayers, LinearLenetFc2) {
-  for (int batch : {7, 64}) check({LayerKind::Linear, "fc2", {128, 1, 1}, 10}, batch);
-}
-
-// A Linear fed an image shape reads it as its in_features, NCHW order.
-TEST_F(CudaLayers, LinearOnImageShape) {
-  for (int batch : {7, 64}) check({LayerKind::Linear, "fc_img", {50, 4, 4}, 128}, batch);
+  const Graph g = one_op({128, 1, 1}, [](GraphBuilder& b, int x) { return b.linear("fc2", x, 10); });
+  for (int batch : {7, 64}) check(g, 0, batch);
 }
 
 TEST_F(CudaLayers, BackwardBeforeForwardAtThatBatchIsAnError) {
-  const LayerSpec spec{LayerKind::ConvReluPool, "conv1", {1, 28, 28}, 20, 3};
-  std::unique_ptr<Layer> gpu = make_cuda_layer(spec, ctx());
+  const Graph g = one_op({1, 28, 28}, [](GraphBuilder& b, int x) { return b.conv_relu_pool("conv1", x, 20, 3); });
+  auto dev = make_cuda_device(ctx());
+  auto k = dev->kernel(g, 0, nullptr);
   DeviceArray<float> w(ctx(), 20 * 9), b(ctx(), 20), dw(ctx(), 20 * 9), db(ctx(), 20);
-  gpu->bind({w.get(), b.get()}, {dw.get(), db.get()});
-  DeviceArray<float> x(ctx(), 4 * 784), dy(ctx(), 4 * 20 * 13 * 13);
-  EXPECT_THROW(gpu->backward(x.get(), nullptr, dy.get(), 4, nullptr), Error);
+  DeviceArray<float> x(ctx(), 4 * 784), y(ctx(), 4 * 20 * 13 * 13), dy(ctx(), 4 * 20 * 13 * 13);
+  OpArgs a;
+  a.batch = 4;
+  a.x = {x.get()};
+  a.y = y.get();
+  a.p = {w.get(), b.get()};
+  a.dp = {dw.get(), db.get()};
+  EXPECT_THROW(k->backward(a, dy.get(), {nullptr}), Error);
 }
 
 }  // namespace

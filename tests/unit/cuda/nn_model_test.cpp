@@ -1,8 +1,8 @@
-// CudaModel against Model: the same parameters uploaded, then two full
-// training steps (forward, loss, backward, SGD with momentum and weight decay,
-// so the second step runs the momentum update) on both devices: logits, loss,
-// accuracy, gradients and parameters agree, and on_ready reports the same
-// growing prefixes (Note [flat layout]).
+// One Model on the GPU device against one on the CPU device: the same state
+// set on both, then two full training steps (forward, loss, backward, SGD with
+// momentum and weight decay, so the second step runs the momentum update):
+// logits, loss, accuracy, gradients, parameters and buffers agree, and
+// on_ready reports the same growing prefixes (Note [flat layout]).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,9 +14,10 @@
 
 #include "ddp/core/error.hpp"     // ddp::Error
 #include "ddp/core/rng.hpp"       // inputs and labels
-#include "ddp/nn/cuda_model.hpp"  // CudaModel, softmax_cross_entropy_cuda
-#include "ddp/nn/model.hpp"       // Model, make_model, model_spec, softmax_cross_entropy
-#include "ddp/optim/sgd.hpp"      // Sgd: the CPU reference step
+#include "ddp/nn/cuda_device.hpp"  // make_cuda_device, softmax_cross_entropy_cuda
+#include "ddp/nn/graph.hpp"        // model_graph
+#include "ddp/nn/model.hpp"        // Model, init_state, softmax_cross_entropy
+#include "ddp/optim/sgd.hpp"       // sgd_step: the CPU reference step
 #include "ddp/optim/sgd_cuda.hpp"  // sgd_step_cuda
 #include "nn_cuda_test_util.hpp"
 
@@ -45,27 +46,21 @@ void CudaModels::two_steps(const std::string& name, int batch) {
   SCOPED_TRACE(name + " batch " + std::to_string(batch));
   const Shape input{1, 28, 28};
   const int classes = 10;
-  std::unique_ptr<Model> cpu = make_model(name, input, classes);
-  cpu->init_params(42);
-  CudaModel gpu(name, input, model_spec(name, input, classes), ctx());
-
-  const size_t n = cpu->num_params();
-  ASSERT_EQ(gpu.num_params(), n);
-  ASSERT_TRUE(gpu.output_shape() == cpu->output_shape());
-  ASSERT_EQ(gpu.param_info().size(), cpu->param_info().size());
-  for (size_t i = 0; i < cpu->param_info().size(); ++i) {
-    EXPECT_EQ(gpu.param_info()[i].name, cpu->param_info()[i].name);
-    EXPECT_EQ(gpu.param_info()[i].shape, cpu->param_info()[i].shape);
-    EXPECT_EQ(gpu.param_info()[i].offset, cpu->param_info()[i].offset);
-    EXPECT_EQ(gpu.param_info()[i].numel, cpu->param_info()[i].numel);
-  }
-  gpu.upload_params(cpu->params());
-  std::vector<float> round_trip(n);
-  gpu.download_params(round_trip.data());
-  ASSERT_EQ(round_trip, std::vector<float>(cpu->params(), cpu->params() + n));
+  auto cpu_dev = make_cpu_device(2);
+  auto gpu_dev = make_cuda_device(ctx());
+  Model cpu(model_graph(name, input, classes), *cpu_dev);
+  Model gpu(model_graph(name, input, classes), *gpu_dev);
+  const ModelState start = init_state(cpu.graph(), 42);
+  cpu.set_state(start);
+  gpu.set_state(start);
+  const size_t n = cpu.num_params(), nb = cpu.graph().num_buffers;
+  ModelState round_trip;
+  gpu.get_state(round_trip);
+  ASSERT_EQ(round_trip.params, start.params);
+  ASSERT_EQ(round_trip.buffers, start.buffers);
 
   const optim::SgdOptions opt{0.1, 0.9, 0.0, 1e-4, false};
-  optim::Sgd sgd(n, opt);
+  std::vector<float> cpu_momentum(n);
   DeviceArray<float> momentum(ctx(), n);
   const size_t nx = size_t(batch) * size_t(input.numel()), nl = size_t(batch) * classes;
   for (int step = 0; step < 2; ++step) {
@@ -77,16 +72,16 @@ void CudaModels::two_steps(const std::string& name, int batch) {
     std::vector<int32_t> labels(static_cast<size_t>(batch));
     for (int32_t& l : labels) l = int32_t(rng.below(classes));
 
-    cpu->zero_grads();
-    const float* logits = cpu->forward(x.data(), batch);
+    cpu.zero_grads();
+    const float* logits = cpu.forward(x.data(), batch);
     const std::vector<float> cpu_logits(logits, logits + nl);
     std::vector<float> dlogits(nl);
     const float loss = softmax_cross_entropy(logits, labels.data(), batch, classes, dlogits.data());
     const int64_t correct = count_correct(logits, labels.data(), batch, classes);
     std::vector<size_t> cpu_ready;
-    cpu->backward(dlogits.data(), batch, [&](size_t k) { cpu_ready.push_back(k); });
-    const std::vector<float> cpu_grads(cpu->grads(), cpu->grads() + n);
-    sgd.step(cpu->params(), cpu->grads());
+    cpu.backward(dlogits.data(), batch, [&](size_t k) { cpu_ready.push_back(k); });
+    const std::vector<float> cpu_grads(cpu.grads(), cpu.grads() + n);
+    optim::sgd_step(opt, step == 0, n, cpu.params(), cpu.grads(), cpu_momentum.data());
 
     DeviceArray<float> gx(ctx(), x), gdlogits(ctx(), nl);
     DeviceArray<int32_t> glabels(ctx(), labels);
@@ -107,18 +102,30 @@ void CudaModels::two_steps(const std::string& name, int batch) {
     EXPECT_TRUE(agrees(grads, cpu_grads)) << "grads";
     const std::vector<float> gpu_logits = to_host(ctx(), glogits, nl);
     EXPECT_TRUE(agrees_in_scale(gpu_logits.data(), cpu_logits.data(), nl, 1e-3)) << "logits, in their own scale";
-    for (const ParamInfo& p : cpu->param_info())
+    for (const TensorInfo& p : cpu.param_info())
       EXPECT_TRUE(agrees_in_scale(grads.data() + p.offset, cpu_grads.data() + p.offset, p.numel, 1e-1))
           << p.name << " grad, in its own scale";
-    std::vector<float> params(n);
-    gpu.download_params(params.data());
-    EXPECT_TRUE(agrees(params, std::vector<float>(cpu->params(), cpu->params() + n))) << "params";
+    ModelState after;
+    gpu.get_state(after);
+    EXPECT_TRUE(agrees(after.params, std::vector<float>(cpu.params(), cpu.params() + n))) << "params";
+    if (nb) {
+      EXPECT_TRUE(agrees(after.buffers, std::vector<float>(cpu.buffers(), cpu.buffers() + nb))) << "buffers";
+    }
+    EXPECT_EQ(after.counters, cpu.counters());
 
     EXPECT_EQ(ready, cpu_ready);
     ASSERT_FALSE(ready.empty());
     for (size_t i = 1; i < ready.size(); ++i) EXPECT_LE(ready[i - 1], ready[i]) << "on_ready went back at " << i;
     EXPECT_EQ(ready.back(), n);
   }
+  // Evaluation: BatchNorm on the running statistics, on both devices.
+  Rng rng(9, 0);
+  std::vector<float> x(nx);
+  for (float& v : x) v = rng.uniform();
+  DeviceArray<float> gx(ctx(), x);
+  const float* e = cpu.forward(x.data(), batch, Mode::Eval);
+  const std::vector<float> cpu_eval(e, e + nl);
+  EXPECT_TRUE(agrees(to_host(ctx(), gpu.forward(gx.get(), batch, Mode::Eval), nl), cpu_eval)) << "eval logits";
 }
 
 TEST_F(CudaModels, LenetTwoSgdStepsMatchCpu) { two_steps("lenet", 64); }
@@ -128,9 +135,13 @@ TEST_F(CudaModels, MlpTwoSgdStepsMatchCpu) { two_steps("mlp", 64); }
 // A batch that is not the first one's (the last, partial batch of an epoch).
 TEST_F(CudaModels, LenetOddBatch) { two_steps("lenet", 7); }
 
+// The network the redesign is for: its residual fan-out, BatchNorm in both
+// modes, strided and 1x1 convolutions and global pooling, a full step.
+TEST_F(CudaModels, Resnet18TwoSgdStepsMatchCpu) { two_steps("resnet18", 16); }
+
 TEST_F(CudaModels, BackwardAtAnotherBatchIsAnError) {
-  const Shape input{1, 28, 28};
-  CudaModel gpu("mlp", input, model_spec("mlp", input, 10), ctx());
+  auto dev = make_cuda_device(ctx());
+  Model gpu(model_graph("mlp", {1, 28, 28}, 10), *dev);
   DeviceArray<float> x(ctx(), 8 * 784), dlogits(ctx(), 8 * 10);
   gpu.forward(x.get(), 8);
   EXPECT_THROW(gpu.backward(dlogits.get(), 4), Error);

@@ -6,8 +6,10 @@
 #include <vector>
 
 #include "ddp/core/error.hpp"
+#include "ddp/nn/conv_engine.hpp"  // conv_chunk_images
 #include "ddp/nn/cpu_ops.hpp"
-#include "ddp/nn/layers.hpp"
+#include "cpu_model.hpp"
+#include "ddp/nn/graph.hpp"
 #include "ddp/nn/thread_pool.hpp"
 #include "grad_check.hpp"
 
@@ -99,7 +101,11 @@ INSTANTIATE_TEST_SUITE_P(
 
 // A batch big enough for several im2col chunks must equal image-by-image.
 TEST(Conv2d, ChunkedBatchAndThreadsEqualSingleImages) {
-  const ConvGeom g = conv_geom(7, 6, 13, 13, 50, 5, 1, 0);  // conv2's form; chunks of 4 + 3 in double
+  // conv2's form, 81 pixels an image: chunks of 13 images (kConvMinColumns),
+  // 13 + 13 + 13 + 1 on one thread or on three.
+  const ConvGeom g = conv_geom(40, 6, 13, 13, 50, 5, 1, 0);
+  ASSERT_EQ(cpu::conv_chunk_images<double>(g, 1), 13);
+  ASSERT_EQ(cpu::conv_chunk_images<double>(g, 3), 13);
   const auto x = random_vec(x_size(g), 8), w = random_vec(w_size(g), 9),
              b = random_vec(size_t(g.out_c), 10), dy = random_vec(y_size(g), 11);
   cpu::ConvScratch<double> ws;
@@ -150,8 +156,8 @@ TEST(Conv2d, BackwardAccumulatesParameterGradients) {
   for (size_t i = 0; i < dx.size(); ++i) EXPECT_DOUBLE_EQ(dx[i], dx1[i]) << "dx is overwritten";
 }
 
-// The float layer (what models run) agrees with the double kernel.
-TEST(Conv2d, FloatLayerMatchesDoubleKernel) {
+// The float kernel (what models run) agrees with the double one.
+TEST(Conv2d, FloatKernelMatchesDoubleKernel) {
   const ConvGeom g = conv_geom(9, 20, 13, 13, 50, 5, 1, 0);  // several float chunks too
   const auto xd = random_vec(x_size(g), 15), wd = random_vec(w_size(g), 16, 0.1),
              bd = random_vec(50, 17), dyd = random_vec(y_size(g), 18);
@@ -160,31 +166,25 @@ TEST(Conv2d, FloatLayerMatchesDoubleKernel) {
   cpu::conv2d_forward(g, xd.data(), wd.data(), bd.data(), yd.data(), ws);
   cpu::conv2d_backward(g, xd.data(), wd.data(), dyd.data(), dwd.data(), dbd.data(), dxd.data(), ws);
 
-  Conv2d layer("conv2", {20, 13, 13}, 50, 5);
-  auto w = test::to_float(wd), b = test::to_float(bd);
-  std::vector<float> dw(w.size(), 0.0f), db(50, 0.0f);
-  layer.bind({w.data(), b.data()}, {dw.data(), db.data()});
-  const auto x = test::to_float(xd), dy = test::to_float(dyd);
-  std::vector<float> y(yd.size()), dx(xd.size());
-  layer.forward(x.data(), g.batch, y.data());
-  layer.backward(x.data(), y.data(), dy.data(), g.batch, dx.data());
-
+  GraphBuilder gb("conv", {20, 13, 13}, false);
+  const Graph graph = gb.finish(gb.conv("conv2", gb.input(), 50, 5));
+  const auto r = test::run_cpu_kernel(graph, 0, g.batch, {test::to_float(xd)}, {test::to_float(wd), test::to_float(bd)},
+                                      test::to_float(dyd));
+  const auto &y = r.y, &dx = r.dx[0], &dw = r.dp[0], &db = r.dp[1];
   EXPECT_LT(test::scaled_err(y, yd), 1e-5);
   EXPECT_LT(test::scaled_err(dx, dxd), 1e-5);
   EXPECT_LT(test::scaled_err(dw, dwd), 1e-5);
   EXPECT_LT(test::scaled_err(db, dbd), 1e-5);
 }
 
-TEST(Conv2d, LayerRejectsWrongInputShape) {
-  Conv2d layer("conv1", {1, 28, 28}, 20, 3);
-  EXPECT_EQ(layer.output_shape({1, 28, 28}), (Shape{20, 26, 26}));
+TEST(Conv2d, BadGeometryIsNamed) {
+  GraphBuilder gb("m", {1, 4, 4}, false);
   try {
-    layer.output_shape({3, 28, 28});
+    gb.conv("big", gb.input(), 2, 5);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("conv1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("op big"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(Conv2d("big", {1, 4, 4}, 2, 5), Error);
 }
 
 }  // namespace

@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "ddp/core/error.hpp"
+#include "ddp/nn/conv_engine.hpp"  // conv_chunk_images
 #include "ddp/nn/cpu_ops.hpp"
-#include "ddp/nn/layers.hpp"
+#include "cpu_model.hpp"
+#include "ddp/nn/graph.hpp"
 #include "ddp/nn/thread_pool.hpp"
 #include "grad_check.hpp"
 
@@ -113,7 +115,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fused,
                                            conv_geom(3, 2, 5, 40, 2, 3)));    // rows over 2 vectors
 
 TEST(Fused, ManyChunksAndThreadsMatchUnfused) {
-  const ConvGeom g = conv_geom(13, 20, 13, 13, 50, 5);  // LeNet conv2, several chunks per thread
+  // LeNet conv2: chunks of 13 images (kConvMinColumns over 81 pixels), four
+  // chunks, two on each thread.
+  const ConvGeom g = conv_geom(40, 20, 13, 13, 50, 5);
+  ASSERT_EQ(cpu::conv_chunk_images<double>(g, 2), 13);
   const Sizes n = sizes(g);
   const auto x = random_vec(n.x, 9), w = random_vec(n.w, 10, 0.1),
              b = random_vec(size_t(g.out_c), 11), dy = random_vec(n.pooled, 12);
@@ -143,21 +148,14 @@ TEST(Fused, FloatLayerMatchesDoubleKernel) {
   cpu::conv2d_relu_avgpool2_backward(g, xd.data(), wd.data(), mask, dyd.data(), dwd.data(),
                                      dbd.data(), static_cast<double*>(nullptr), s);
 
-  ConvReluPool layer("conv1", {1, 28, 28}, 20, 3);
-  EXPECT_EQ(layer.output_shape({1, 28, 28}), (Shape{20, 13, 13}));
-  ThreadPool pool(2);
-  layer.set_thread_pool(&pool);
-  auto w = test::to_float(wd), b = test::to_float(bd);
-  std::vector<float> dw(w.size(), 0.0f), db(20, 0.0f);
-  layer.bind({w.data(), b.data()}, {dw.data(), db.data()});
-  const auto x = test::to_float(xd), dy = test::to_float(dyd);
-  std::vector<float> y(n.pooled);
-  layer.forward(x.data(), g.batch, y.data());
-  layer.backward(x.data(), y.data(), dy.data(), g.batch, nullptr);
-  EXPECT_LT(test::scaled_err(y, yd), 1e-5);
-  EXPECT_LT(test::scaled_err(dw, dwd), 1e-5);
-  EXPECT_LT(test::scaled_err(db, dbd), 1e-5);
-  EXPECT_THROW(layer.backward(x.data(), y.data(), dy.data(), g.batch - 1, nullptr), Error);
+  GraphBuilder gb("m", {1, 28, 28}, false);
+  const Graph graph = gb.finish(gb.conv_relu_pool("conv1", gb.input(), 20, 3));
+  EXPECT_EQ(graph.output_shape(), (Shape{20, 13, 13}));
+  const auto r = test::run_cpu_kernel(graph, 0, g.batch, {test::to_float(xd)}, {test::to_float(wd), test::to_float(bd)},
+                                      test::to_float(dyd), /*threads=*/2);
+  EXPECT_LT(test::scaled_err(r.y, yd), 1e-5);
+  EXPECT_LT(test::scaled_err(r.dp[0], dwd), 1e-5);
+  EXPECT_LT(test::scaled_err(r.dp[1], dbd), 1e-5);
 }
 
 }  // namespace

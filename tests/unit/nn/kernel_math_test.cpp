@@ -1,5 +1,5 @@
 // The GPU kernels' arithmetic (nn/kernel_math.hpp), run on the host against
-// the CPU layers: each *_at function over every index of a tensor must give
+// the CPU kernels: each *_at function over every index of a tensor must give
 // what the CPU op gives, and Linear's GEMM shapes, run through a
 // column-major cblas_sgemm as cuBLAS would run them, must give the CPU's
 // Linear. These run on every machine; the kernels' launches, cuDNN and
@@ -182,6 +182,68 @@ TEST(KernelMath, ArgmaxCountsTheRowsTheCpuCounts) {
   EXPECT_EQ(kernel::argmax_row(z.data(), 4), 1);
   EXPECT_EQ(kernel::argmax_row(z.data() + 4, 4), 0);
   EXPECT_EQ(kernel::argmax_row(z.data() + 8, 4), 2);
+}
+
+TEST(KernelMath, AddAndItsReluMatchTheCpu) {
+  const auto a = to_float(random_vec(300, 41)), b = to_float(random_vec(300, 42)), dy = to_float(random_vec(300, 43));
+  for (const bool relu : {false, true}) {
+    std::vector<float> y(300), da(300), db(300), got(300), dgot(300);
+    cpu::add_forward<float>(300, a.data(), b.data(), relu, y.data());
+    cpu::add_backward<float>(300, y.data(), relu, dy.data(), da.data(), db.data());
+    for (size_t i = 0; i < 300; ++i) {
+      got[i] = kernel::add_at(a[i], b[i], relu);
+      dgot[i] = kernel::add_grad_at(got[i], dy[i], relu);
+    }
+    EXPECT_EQ(got, y) << "relu " << relu;
+    EXPECT_EQ(dgot, da) << "relu " << relu;
+    EXPECT_EQ(dgot, db) << "relu " << relu;
+  }
+}
+
+TEST(KernelMath, GlobalAvgPoolMatchesTheCpu) {
+  const auto x = to_float(random_vec(6 * 16, 44)), dy = to_float(random_vec(6, 45));
+  std::vector<float> y(6), dx(x.size()), got(6), dgot(x.size());
+  cpu::global_avgpool_forward<float>(6, 16, x.data(), y.data());
+  cpu::global_avgpool_backward<float>(6, 16, dy.data(), dx.data());
+  for (int64_t p = 0; p < 6; ++p) got[size_t(p)] = kernel::global_avgpool_at(p, 16, x.data());
+  for (size_t i = 0; i < x.size(); ++i) dgot[i] = kernel::global_avgpool_grad_at(int64_t(i), 16, dy.data());
+  EXPECT_EQ(got, y);
+  EXPECT_EQ(dgot, dx);
+}
+
+// The GPU's BatchNorm runs per element what the CPU's runs per channel: the
+// element formulas, with the constants from the channel functions (which the
+// CPU kernel uses itself), give the CPU's output and input gradient.
+TEST(KernelMath, BatchNormElementsMatchTheCpu) {
+  const int batch = 3, c = 4, hw = 10;
+  const double count = double(batch) * hw;
+  const auto x = to_float(random_vec(size_t(batch * c * hw), 46, 2.0)), dy = to_float(random_vec(x.size(), 47));
+  const auto w = to_float(random_vec(4, 48)), b = to_float(random_vec(4, 49));
+  std::vector<double> sum(4), sq(4), sdy(4), sdx(4);
+  std::vector<float> mean(4), invstd(4), scale(4), shift(4), rm(4, 0.f), rv(4, 1.f);
+  cpu::bn_sum<float>(batch, c, hw, x.data(), sum.data());
+  for (int ch = 0; ch < c; ++ch) mean[size_t(ch)] = kernel::bn_mean(sum[size_t(ch)], count);
+  cpu::bn_sum_sq_dev<float>(batch, c, hw, x.data(), mean.data(), sq.data());
+  for (size_t ch = 0; ch < 4; ++ch)
+    kernel::bn_train_channel(sq[ch], count, 1e-5, 0.1, mean[ch], w[ch], b[ch], &invstd[ch], &scale[ch], &shift[ch],
+                             &rm[ch], &rv[ch]);
+  std::vector<float> y(x.size()), dx(x.size());
+  cpu::bn_apply<float>(batch, c, hw, x.data(), scale.data(), shift.data(), y.data());
+  cpu::bn_grad_sums<float>(batch, c, hw, x.data(), mean.data(), dy.data(), sdy.data(), sdx.data());
+  cpu::bn_backward_apply<float>(batch, c, hw, x.data(), mean.data(), invstd.data(), w.data(), dy.data(), sdy.data(),
+                                sdx.data(), count, dx.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const size_t ch = i / size_t(hw) % size_t(c);
+    float k, mean_dy, proj;
+    kernel::bn_backward_channel(w[ch], invstd[ch], sdy[ch], sdx[ch], count, &k, &mean_dy, &proj);
+    EXPECT_EQ(kernel::bn_apply_at(x[i], scale[ch], shift[ch]), y[i]) << i;
+    EXPECT_EQ(kernel::bn_backward_at(x[i], dy[i], mean[ch], k, mean_dy, proj), dx[i]) << i;
+  }
+  // Eval: the running statistics normalise.
+  float es, eh;
+  kernel::bn_eval_channel(2.0f, 0.5f, 1.0f, 3.0f, 1e-5, &es, &eh);
+  EXPECT_NEAR(es, 2.0 / std::sqrt(3.0 + 1e-5), 1e-7);
+  EXPECT_NEAR(eh, 0.5 - 1.0 * es, 1e-7);
 }
 
 // Where the CPU throws, a kernel cannot: the row's loss and gradient are NaN.

@@ -8,7 +8,8 @@
 
 #include "ddp/core/error.hpp"
 #include "ddp/nn/cpu_ops.hpp"
-#include "ddp/nn/layers.hpp"
+#include "cpu_model.hpp"
+#include "ddp/nn/graph.hpp"
 #include "ddp/nn/model.hpp"
 #include "ddp/nn/thread_pool.hpp"
 #include "grad_check.hpp"
@@ -113,7 +114,7 @@ TEST(Linear, ThreadsGiveTheSameResult) {
   EXPECT_LT(max_rel_err(db3, db1), 1e-12);
 }
 
-TEST(Linear, FloatLayerMatchesDoubleKernel) {
+TEST(Linear, FloatKernelMatchesDoubleKernel) {
   const int batch = 7, in = 800, out = 128;
   const auto xd = random_vec(size_t(batch) * in, 9), wd = random_vec(size_t(out) * in, 10, 0.05),
              bd = random_vec(size_t(out), 11), dyd = random_vec(size_t(batch) * out, 12);
@@ -122,56 +123,49 @@ TEST(Linear, FloatLayerMatchesDoubleKernel) {
   cpu::linear_backward(batch, in, out, xd.data(), wd.data(), dyd.data(), dwd.data(), dbd.data(),
                        dxd.data());
 
-  Linear layer("fc1", in, out);
-  EXPECT_EQ(layer.output_shape({50, 4, 4}), (Shape{128, 1, 1}));
-  EXPECT_THROW(layer.output_shape({50, 4, 5}), Error);
-  auto w = test::to_float(wd), b = test::to_float(bd);
-  std::vector<float> dw(w.size(), 0.0f), db(b.size(), 0.0f);
-  layer.bind({w.data(), b.data()}, {dw.data(), db.data()});
-  const auto x = test::to_float(xd), dy = test::to_float(dyd);
-  std::vector<float> y(yd.size()), dx(xd.size());
-  layer.forward(x.data(), batch, y.data());
-  layer.backward(x.data(), y.data(), dy.data(), batch, dx.data());
-  EXPECT_LT(test::scaled_err(y, yd), 1e-5);
-  EXPECT_LT(test::scaled_err(dx, dxd), 1e-5);
-  EXPECT_LT(test::scaled_err(dw, dwd), 1e-5);
-  EXPECT_LT(test::scaled_err(db, dbd), 1e-5);
+  GraphBuilder gb("m", {50, 4, 4}, false);
+  const Graph graph = gb.finish(gb.linear("fc1", gb.input(), out));
+  EXPECT_EQ(graph.output_shape(), (Shape{128, 1, 1}));
+  const auto r = test::run_cpu_kernel(graph, 0, batch, {test::to_float(xd)}, {test::to_float(wd), test::to_float(bd)},
+                                      test::to_float(dyd));
+  EXPECT_LT(test::scaled_err(r.y, yd), 1e-5);
+  EXPECT_LT(test::scaled_err(r.dx[0], dxd), 1e-5);
+  EXPECT_LT(test::scaled_err(r.dp[0], dwd), 1e-5);
+  EXPECT_LT(test::scaled_err(r.dp[1], dbd), 1e-5);
 }
 
-TEST(FloatLayers, ReluPoolFlattenMatchDoubleOps) {
+// The float kernels of the parameter-free ops against their double twins.
+TEST(FloatKernels, ReluPoolFlattenMatchDoubleOps) {
   const Shape in{3, 6, 7};
   const int batch = 2;
   const auto xd = random_vec(size_t(batch) * in.numel(), 13);
   const auto x = test::to_float(xd);
+  GraphBuilder gb("m", in, false);
+  const int relu = gb.relu("relu1", gb.input());
+  const int pool = gb.avg_pool2("pool1", relu);
+  const Graph graph = gb.finish(gb.flatten("flatten", pool));
 
-  ReLU relu("relu1", in);
-  std::vector<float> ry(x.size()), rdx(x.size());
-  relu.forward(x.data(), batch, ry.data());
-  relu.backward(x.data(), ry.data(), x.data(), batch, rdx.data());
+  const auto rr = test::run_cpu_kernel(graph, 0, batch, {x}, {}, x);
   std::vector<double> ryd(xd.size()), rdxd(xd.size());
   cpu::relu_forward(int64_t(xd.size()), xd.data(), ryd.data());
   cpu::relu_backward(int64_t(xd.size()), ryd.data(), xd.data(), rdxd.data());
-  EXPECT_LT(test::scaled_err(ry, ryd), 1e-7);
-  EXPECT_LT(test::scaled_err(rdx, rdxd), 1e-7);
+  EXPECT_LT(test::scaled_err(rr.y, ryd), 1e-7);
+  EXPECT_LT(test::scaled_err(rr.dx[0], rdxd), 1e-7);
 
-  AvgPool2d pool("pool1", in);
-  EXPECT_EQ(pool.output_shape(in), (Shape{3, 3, 3}));
-  std::vector<float> py(size_t(batch) * 27), pdx(x.size());
-  pool.forward(x.data(), batch, py.data());
-  pool.backward(x.data(), py.data(), py.data(), batch, pdx.data());
-  std::vector<double> pyd(py.size()), pdxd(xd.size());
+  EXPECT_EQ(graph.values[size_t(pool)], (Shape{3, 3, 3}));
+  const std::vector<float> pdy(size_t(batch) * 27, 0.5f);
+  const auto rp = test::run_cpu_kernel(graph, 1, batch, {x}, {}, pdy);
+  std::vector<double> pyd(rp.y.size()), pdxd(xd.size());
   cpu::avgpool2_forward(batch * 3, 6, 7, xd.data(), pyd.data());
-  cpu::avgpool2_backward(batch * 3, 6, 7, pyd.data(), pdxd.data());
-  EXPECT_LT(test::scaled_err(py, pyd), 1e-6);
-  EXPECT_LT(test::scaled_err(pdx, pdxd), 1e-6);
+  cpu::avgpool2_backward(batch * 3, 6, 7, std::vector<double>(pdy.begin(), pdy.end()).data(), pdxd.data());
+  EXPECT_LT(test::scaled_err(rp.y, pyd), 1e-6);
+  EXPECT_LT(test::scaled_err(rp.dx[0], pdxd), 1e-6);
 
-  Flatten flat("flatten", in);
-  EXPECT_EQ(flat.output_shape(in), (Shape{int(in.numel()), 1, 1}));
-  std::vector<float> fy(x.size()), fdx(x.size());
-  flat.forward(x.data(), batch, fy.data());
-  flat.backward(x.data(), fy.data(), x.data(), batch, fdx.data());
-  EXPECT_EQ(fy, x);
-  EXPECT_EQ(fdx, x);
+  const std::vector<float> px(size_t(batch) * 27, 0.25f);
+  const auto rf = test::run_cpu_kernel(graph, 2, batch, {px}, {}, px);
+  EXPECT_EQ(graph.output_shape(), (Shape{27, 1, 1}));
+  EXPECT_EQ(rf.y, px);
+  EXPECT_EQ(rf.dx[0], px);
 }
 
 TEST(SoftmaxCrossEntropy, ValueAndGradientMatchFiniteDifferences) {

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "ddp/core/error.hpp"
 #include "ddp/optim/sgd.hpp"
 
 namespace ddp::optim {
@@ -25,13 +26,12 @@ struct RefSgd {
 };
 
 void check_against_reference(SgdOptions o) {
-  std::vector<float> p = {1.0f, -2.0f, 0.5f}, g(3);
-  Sgd sgd(p.size(), o);
+  std::vector<float> p = {1.0f, -2.0f, 0.5f}, g(3), buf(3);
   std::vector<RefSgd> ref(3, RefSgd{o.lr, o.momentum, o.weight_decay, o.nesterov});
   std::vector<double> pr(p.begin(), p.end());
   for (int step = 0; step < 5; ++step) {
     for (size_t i = 0; i < p.size(); ++i) g[i] = 0.1f * float(step + 1) * float(i + 1) - 0.2f;
-    sgd.step(p.data(), g.data());
+    sgd_step(o, step == 0, p.size(), p.data(), g.data(), o.momentum != 0 ? buf.data() : nullptr);
     for (size_t i = 0; i < p.size(); ++i) pr[i] = ref[i].step(pr[i], g[i]);
   }
   for (size_t i = 0; i < p.size(); ++i) EXPECT_NEAR(p[i], pr[i], 1e-5) << i;
@@ -42,10 +42,14 @@ TEST(Sgd, WeightDecay) { check_against_reference({0.1, 0, 0, 0.01, false}); }
 TEST(Sgd, Momentum) { check_against_reference({0.1, 0.9, 0, 0.001, false}); }
 TEST(Sgd, Nesterov) { check_against_reference({0.1, 0.9, 0, 0, true}); }
 
+TEST(Sgd, MomentumWithoutItsBufferIsAnError) {
+  std::vector<float> p = {1.0f}, g = {0.5f};
+  EXPECT_THROW(sgd_step({0.1, 0.9, 0, 0, false}, true, 1, p.data(), g.data(), nullptr), Error);
+}
+
 TEST(Sgd, PlainStepIsLrTimesGradient) {
   std::vector<float> p = {1.0f}, g = {0.5f};
-  Sgd sgd(1, {0.2, 0, 0, 0, false});
-  sgd.step(p.data(), g.data());
+  sgd_step({0.2, 0, 0, 0, false}, true, 1, p.data(), g.data(), nullptr);
   EXPECT_FLOAT_EQ(p[0], 0.9f);
 }
 

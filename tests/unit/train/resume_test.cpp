@@ -8,7 +8,7 @@
 
 #include "ddp/checkpoint/checkpoint.hpp"
 #include "ddp/core/error.hpp"
-#include "ddp/nn/model.hpp"
+#include "ddp/nn/graph.hpp"
 #include "ddp/train/resume.hpp"
 
 namespace ddp::train {
@@ -20,7 +20,7 @@ constexpr int kBatch = 64;
 class Resumable : public ::testing::Test {
  protected:
   void SetUp() override {
-    model_ = nn::make_model("mlp", {1, 28, 28}, 10);
+    graph_ = nn::model_graph("mlp", {1, 28, 28}, 10);
     ckpt_ = {};
     // After step 5 of epoch 2 (0-based epoch 1): global step 18 + 5.
     ckpt_.state.epoch = 1;
@@ -30,12 +30,11 @@ class Resumable : public ::testing::Test {
     ckpt_.state.world_size = 4;
     ckpt_.state.epoch_samples = 5 * kBatch;
     ckpt_.state.epoch_correct = 100;
-    for (const auto& p : model_->param_info())
-      ckpt_.file.tensors.push_back({p.name, p.shape, std::vector<float>(p.numel, 0.5f)});
+    for (const auto& p : graph_.params) add_tensor(p.name, p.shape, p.numel);
   }
   std::string error() {
     try {
-      check_resumable("c.safetensors", ckpt_, *model_, kSteps, kBatch);
+      check_resumable("c.safetensors", ckpt_, graph_, kSteps, kBatch);
     } catch (const Error& e) {
       return e.what();
     }
@@ -46,7 +45,14 @@ class Resumable : public ::testing::Test {
     EXPECT_EQ(msg.rfind("c.safetensors: ", 0), 0u) << msg;
     EXPECT_NE(msg.find(part), std::string::npos) << "message lacks '" << part << "': " << msg;
   }
-  std::unique_ptr<nn::Model> model_;
+  void add_tensor(const std::string& name, std::vector<int64_t> shape, size_t numel) {
+    checkpoint::Tensor t;
+    t.name = name;
+    t.shape = std::move(shape);
+    t.data.assign(numel, 0.5f);
+    ckpt_.file.tensors.push_back(std::move(t));
+  }
+  nn::Graph graph_;
   checkpoint::Checkpoint ckpt_;
 };
 
@@ -68,7 +74,7 @@ TEST_F(Resumable, PositionsThatWouldOverflow) {
   ckpt_.state.epoch = int64_t(1) << 50;
   ckpt_.state.global_step = int64_t(1) << 50;
   try {
-    check_resumable("c.safetensors", ckpt_, *model_, int64_t(1) << 20, 1 << 20);
+    check_resumable("c.safetensors", ckpt_, graph_, int64_t(1) << 20, 1 << 20);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("is not epoch 1125899906842624 x 1048576 steps"), std::string::npos)
@@ -99,13 +105,53 @@ TEST_F(Resumable, MissingOrMisshapenTensors) {
   expect_error("checkpoint has no tensor '");
   SetUp();
   ckpt_.file.tensors[0].shape = {1};
-  expect_error("' has the wrong shape for model mlp");
+  expect_error("' has the wrong shape or type for model mlp");
   // Momentum for the first parameter promises it for every one.
   SetUp();
-  const auto& first = model_->param_info().front();
-  ckpt_.file.tensors.push_back({"optimizer.momentum_buffer." + first.name, first.shape,
-                                std::vector<float>(first.numel, 0.f)});
+  const auto& first = graph_.params.front();
+  add_tensor("optimizer.momentum_buffer." + first.name, first.shape, first.numel);
   expect_error("checkpoint has no tensor 'optimizer.momentum_buffer.");
+}
+
+// A model with BatchNorm needs its buffers (F32) and counters (I64 scalars)
+// back, not just its parameters.
+TEST(ResumableBuffers, BatchNormStateIsRequired) {
+  const nn::Graph g = nn::model_graph("resnet18", {1, 28, 28}, 10);
+  checkpoint::Checkpoint c;
+  c.state.world_size = 1;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, size_t n, bool ints) {
+    checkpoint::Tensor t;
+    t.name = name;
+    t.shape = std::move(shape);
+    if (ints) {
+      t.dtype = checkpoint::Dtype::I64;
+      t.ints.assign(n, 3);
+    } else {
+      t.data.assign(n, 0.5f);
+    }
+    c.file.tensors.push_back(std::move(t));
+  };
+  for (const auto& p : g.params) add(p.name, p.shape, p.numel, false);
+  for (const auto& b : g.buffers) add(b.name, b.shape, b.numel, false);
+  auto error = [&] {
+    try {
+      check_resumable("r.safetensors", c, g, 10, 32);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error().find("checkpoint has no tensor '1.num_batches_tracked'"), std::string::npos) << error();
+  for (size_t i = 0; i < g.counters.size(); ++i) add(g.counters[i], {}, 1, /*ints=*/i != 0);
+  EXPECT_NE(error().find("tensor '1.num_batches_tracked' has the wrong shape or type"), std::string::npos) << error();
+  c.file.tensors.erase(c.file.tensors.begin() + long(g.params.size() + g.buffers.size()));
+  add(g.counters[0], {}, 1, /*ints=*/true);
+  EXPECT_EQ(error(), "");
+  TrainState s;
+  restore(c, g, false, s);
+  EXPECT_EQ(s.model.counters, std::vector<int64_t>(g.counters.size(), 3));
+  EXPECT_EQ(s.model.buffers.size(), g.num_buffers);
+  EXPECT_TRUE(s.momentum.empty());
 }
 
 }  // namespace

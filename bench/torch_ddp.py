@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
-"""PyTorch DDP on the same recipe as ddp_train: d2l's LeNet variant,
-N(0, 0.01) weights, zero biases, plain SGD, global batch B split over W ranks,
-DistributedSampler with drop_last. Prints one JSON line like ddp_train's
-summary (samples_per_sec: training samples per second of training time,
-median over epochs; evaluation excluded).
+"""PyTorch DDP on the same recipe as ddp_train: one of d2l's models
+(d2l_torch.py: the LeNet variant, or ResNet-18), plain SGD, global batch B
+split over W ranks, DistributedSampler with drop_last. Prints one JSON line
+like ddp_train's summary (samples_per_sec: training samples per second of
+training time, median over epochs; evaluation excluded, in eval mode).
 
 On the CPU it runs gloo; with --device cuda, NCCL with one GPU per rank
 (DistributedDataParallel(device_ids=[rank])), each batch copied to the GPU as
 d2l does. --synthetic N trains on N random images instead of files: for
 timing, where the values do not matter but the sizes do.
 
-Usage: torch_ddp_lenet.py --world-size W (--data-dir DIR | --synthetic N)
-                          [--device cpu|cuda] --epochs E --batch-size B --lr LR
+Usage: torch_ddp.py [--model lenet|resnet18] --world-size W (--data-dir DIR | --synthetic N)
+                    [--train-limit N] [--device cpu|cuda] --epochs E --batch-size B --lr LR
 """
 import argparse
 import gzip
@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+
+from d2l_torch import MODELS
 
 
 def read_idx(path):
@@ -49,18 +51,6 @@ def load(data_dir, prefix):
     return torch.from_numpy(x).unsqueeze(1), torch.from_numpy(y)
 
 
-def lenet():
-    net = nn.Sequential(
-        nn.Conv2d(1, 20, kernel_size=3), nn.ReLU(), nn.AvgPool2d(2, 2),
-        nn.Conv2d(20, 50, kernel_size=5), nn.ReLU(), nn.AvgPool2d(2, 2),
-        nn.Flatten(), nn.Linear(800, 128), nn.ReLU(), nn.Linear(128, 10))
-    for m in net.modules():
-        if isinstance(m, (nn.Conv2d, nn.Linear)):
-            nn.init.normal_(m.weight, 0.0, 0.01)
-            nn.init.zeros_(m.bias)
-    return net
-
-
 def synthetic(n, seed):
     g = torch.Generator().manual_seed(seed)
     return torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
@@ -74,9 +64,9 @@ def worker(rank, args, port):
     torch.manual_seed(args.seed)
     if cuda:
         torch.cuda.set_device(rank)
-        model = nn.parallel.DistributedDataParallel(lenet().cuda(), device_ids=[rank])
+        model = nn.parallel.DistributedDataParallel(MODELS[args.model]().cuda(), device_ids=[rank])
     else:
-        model = nn.parallel.DistributedDataParallel(lenet())
+        model = nn.parallel.DistributedDataParallel(MODELS[args.model]())
     dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
@@ -86,6 +76,8 @@ def worker(rank, args, port):
     else:
         x, y = load(args.data_dir, "train")
         xt, yt = load(args.data_dir, "t10k")
+    if args.train_limit:
+        x, y = x[:args.train_limit], y[:args.train_limit]
     if cuda:
         x, y = x.pin_memory(), y.pin_memory()
     b = args.batch_size // args.world_size
@@ -98,6 +90,7 @@ def worker(rank, args, port):
         idx = torch.tensor(list(iter(sampler)))
         steps = len(idx) // b
         t0 = time.perf_counter()
+        model.train()
         for s in range(steps):
             sel = idx[s * b:(s + 1) * b]
             xb, yb = x[sel].to(dev, non_blocking=True), y[sel].to(dev, non_blocking=True)
@@ -111,13 +104,14 @@ def worker(rank, args, port):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         secs.append(t.item())
         rates.append(steps * args.batch_size / t.item())
+    model.eval()
     with torch.no_grad():
         shard = torch.arange(rank, len(yt), args.world_size)
         correct = sum(float((model(xt[c].to(dev)).argmax(1).cpu() == yt[c]).sum()) for c in shard.split(1024))
         counts = torch.tensor([correct, float(len(shard))], device=dev)
     dist.all_reduce(counts)
     if rank == 0:
-        print(json.dumps({"event": "summary", "impl": "pytorch-ddp-" + ("nccl" if cuda else "gloo"),
+        print(json.dumps({"event": "summary", "impl": "pytorch-ddp-" + ("nccl" if cuda else "gloo"), "model": args.model,
                           "torch": torch.__version__, "device": args.device,
                           "world_size": args.world_size, "epochs": args.epochs,
                           "test_acc": counts[0].item() / counts[1].item(), "train_loss": loss.item(),
@@ -128,7 +122,9 @@ def worker(rank, args, port):
 
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--model", choices=sorted(MODELS), default="lenet")
     p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--train-limit", type=int, default=0)
     p.add_argument("--data-dir")
     p.add_argument("--synthetic", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")

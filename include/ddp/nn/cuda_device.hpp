@@ -1,0 +1,29 @@
+// The GPU device (nn/device.hpp) on one cuda::Context: memory from the
+// context's stream-ordered pool, and for each op kind a kernel of
+// src/nn/*_cuda.cu. Every op runs on the context's compute stream; nothing
+// here synchronises the host unless it says so.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "ddp/nn/device.hpp"
+#include "ddp/runtime/cuda_context.hpp"  // cuda::Context
+
+namespace ddp::nn {
+
+std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx);
+
+// Softmax cross-entropy on the device, one launch: writes d(mean loss)/d(logits)
+// into dlogits and ADDS the batch's summed loss to sums[0] and its number of
+// correct rows (arg-max == label) to sums[1] (device doubles), so a whole epoch
+// runs without the host reading anything.
+void softmax_cross_entropy_cuda(const float* logits, const int32_t* labels, int batch, int classes,
+                                float* dlogits, double* sums, cudaStream_t stream);
+// Adds the number of rows whose arg-max equals the label to *correct (device).
+void count_correct_cuda(const float* logits, const int32_t* labels, int batch, int classes, double* correct,
+                        cudaStream_t stream);
+
+}  // namespace ddp::nn

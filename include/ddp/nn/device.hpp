@@ -1,0 +1,92 @@
+// ddp::nn::Device: what a device supplies to run a Graph (nn/graph.hpp):
+// memory, and for each op a Kernel. The executor that runs a graph, Model
+// (nn/model.hpp), is written once for every device.
+//
+// The CPU device is the reference: its kernels are the free functions of
+// nn/cpu_ops.hpp (src/nn/*_cpu.cpp); the GPU device's kernels sit beside
+// them (src/nn/*_cuda.cu) and must agree with them.
+//
+// Note [gradient accumulation]: a kernel's backward ADDS parameter gradients
+// into dp (beta = 1 in GEMM terms), as PyTorch does; the replica zeroes the
+// flat gradient buffer once per optimizer step, which makes gradient
+// accumulation (no_sync) free. Input gradients (dx) are OVERWRITTEN; where a
+// value feeds several ops the executor adds their contributions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/nn/graph.hpp"
+
+namespace ddp::nn {
+
+enum class Mode { Train, Eval };
+
+// One call of an op's kernels: device pointers (the counter excepted).
+struct OpArgs {
+  int batch = 0;
+  Mode mode = Mode::Train;
+  std::vector<const float*> x;  // inputs, as Op::inputs
+  float* y = nullptr;           // output
+  std::vector<float*> p, dp;    // parameters (spec order) and their gradients
+  std::vector<float*> buf;      // float buffers (spec order)
+  int64_t* counter = nullptr;   // host: num_batches_tracked, or nullptr
+};
+
+// Sums over ranks that an op needs in the middle of forward or backward
+// (SyncBatchNorm's per-channel statistics): in place, host memory, blocking,
+// collective (every rank calls it in the same order).
+class StatsReducer {
+ public:
+  virtual ~StatsReducer() = default;
+  virtual void sum(double* data, size_t n, const std::string& what) = 0;
+  virtual int ranks() const = 0;
+  // Waits until the device has done what was issued (a GPU op copying its
+  // sums to the host), bounded as the run's collectives are: the device may
+  // be waiting on a collective a dead peer never joins.
+  virtual void sync_device(const std::string& what) = 0;
+};
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual void forward(const OpArgs& a) = 0;
+  // After forward on the same batch (a.y holds its output): adds parameter
+  // gradients into a.dp, overwrites dx[i] with d(loss)/d(input i) where dx[i]
+  // is not nullptr.
+  virtual void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) = 0;
+};
+
+// Floats on a device, zero-filled when made.
+class Array {
+ public:
+  virtual ~Array() = default;
+  virtual float* data() = 0;
+  virtual size_t size() const = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;  // "cpu", "cuda:0"
+  // The kernels of op `op` of g; stats (may be nullptr) is what a
+  // synchronised op reduces its statistics with.
+  virtual std::unique_ptr<Kernel> kernel(const Graph& g, size_t op, StatsReducer* stats) = 0;
+  virtual std::unique_ptr<Array> alloc(size_t n) = 0;
+  virtual void fill(float* p, size_t n, float value) = 0;
+  virtual void add(float* dst, const float* src, size_t n) = 0;  // dst += src
+  // Copies between host and device memory; both return when the copy is done.
+  virtual void to_host(float* host, const float* dev, size_t n) = 0;
+  virtual void from_host(float* dev, const float* host, size_t n) = 0;
+  // Blocks until everything issued so far is done.
+  virtual void sync() = 0;
+};
+
+// The CPU device: kernels on `threads` threads of a pool of its own (OpenBLAS
+// single-threaded on each: Note [serial OpenBLAS] in gemm.hpp).
+std::unique_ptr<Device> make_cpu_device(int threads);
+
+}  // namespace ddp::nn

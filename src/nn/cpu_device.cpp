@@ -1,0 +1,258 @@
+// The CPU device (nn/device.hpp): host memory, and per op kind a Kernel over
+// the free functions of cpu_ops.hpp, on the device's thread pool.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "ddp/core/error.hpp"
+#include "ddp/nn/cpu_ops.hpp"
+#include "ddp/nn/device.hpp"
+#include "ddp/nn/kernel_math.hpp"  // BatchNorm's per-channel constants, shared with the GPU
+#include "ddp/nn/thread_pool.hpp"
+
+namespace ddp::nn {
+
+namespace {
+
+class CpuArray final : public Array {
+ public:
+  explicit CpuArray(size_t n) : v_(n, 0.0f) {}
+  float* data() override { return v_.data(); }
+  size_t size() const override { return v_.size(); }
+
+ private:
+  std::vector<float> v_;
+};
+
+cpu::ConvGeom conv_geom(const Op& op, int batch) {
+  cpu::ConvGeom g;
+  g.batch = batch;
+  g.in_c = op.in.c;
+  g.in_h = op.in.h;
+  g.in_w = op.in.w;
+  g.out_c = op.out_c;
+  g.k = op.k;
+  g.stride = op.stride;
+  g.pad = op.pad;
+  return g;
+}
+
+class Conv final : public Kernel {
+ public:
+  Conv(const Op& op, ThreadPool* pool) : op_(op), pool_(pool) {}
+  void forward(const OpArgs& a) override {
+    cpu::conv2d_forward(conv_geom(op_, a.batch), a.x[0], a.p[0], a.p[1], a.y, scratch_, pool_);
+  }
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
+    cpu::conv2d_backward(conv_geom(op_, a.batch), a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], scratch_, pool_);
+  }
+
+ private:
+  const Op& op_;
+  ThreadPool* pool_;
+  cpu::ConvScratch<float> scratch_;
+};
+
+// conv -> relu -> avgpool2 in one pass (conv_relu_pool_cpu.cpp); backward
+// needs the relu mask of the same batch's forward.
+class ConvReluPool final : public Kernel {
+ public:
+  ConvReluPool(const Op& op, ThreadPool* pool) : op_(op), pool_(pool) {}
+  void forward(const OpArgs& a) override {
+    cpu::conv2d_relu_avgpool2_forward(conv_geom(op_, a.batch), a.x[0], a.p[0], a.p[1], a.y, mask_, scratch_, pool_);
+    mask_batch_ = a.batch;
+  }
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
+    DDP_CHECK(mask_batch_ == a.batch, "backward for batch ", a.batch, " after forward of batch ", mask_batch_);
+    cpu::conv2d_relu_avgpool2_backward(conv_geom(op_, a.batch), a.x[0], a.p[0], mask_, dy, a.dp[0], a.dp[1], dx[0],
+                                       scratch_, pool_);
+  }
+
+ private:
+  const Op& op_;
+  ThreadPool* pool_;
+  cpu::ConvScratch<float> scratch_;
+  std::vector<uint8_t> mask_;
+  int mask_batch_ = -1;
+};
+
+// torch.nn.BatchNorm2d (cpu_ops.hpp's steps); with a StatsReducer the batch
+// statistics and the backward's sums are summed over ranks (SyncBatchNorm).
+class BatchNorm final : public Kernel {
+ public:
+  BatchNorm(const Op& op, ThreadPool* pool, StatsReducer* stats)
+      : op_(op), pool_(pool), stats_(stats), c_(op.in.c), hw_(op.in.h * op.in.w), mean_(c_), invstd_(c_),
+        scale_(c_), shift_(c_), s1_(c_), s2_(c_) {}
+
+  void forward(const OpArgs& a) override {
+    const float *w = a.p[0], *b = a.p[1];
+    float *running_mean = a.buf[0], *running_var = a.buf[1];
+    if (a.mode == Mode::Eval) {
+      for (int c = 0; c < c_; ++c)
+        kernel::bn_eval_channel(w[c], b[c], running_mean[c], running_var[c], op_.eps, &scale_[c], &shift_[c]);
+      cpu::bn_apply(a.batch, c_, hw_, a.x[0], scale_.data(), shift_.data(), a.y, pool_);
+      return;
+    }
+    const double count = double(a.batch) * hw_ * (stats_ ? stats_->ranks() : 1);
+    DDP_CHECK(count > 1, "BatchNorm2d ", op_.name, ": training needs more than one value per channel, got ", count);
+    cpu::bn_sum(a.batch, c_, hw_, a.x[0], s1_.data(), pool_);
+    if (stats_) stats_->sum(s1_.data(), s1_.size(), op_.name + ": batch mean");
+    for (int c = 0; c < c_; ++c) mean_[c] = kernel::bn_mean(s1_[c], count);
+    cpu::bn_sum_sq_dev(a.batch, c_, hw_, a.x[0], mean_.data(), s2_.data(), pool_);
+    if (stats_) stats_->sum(s2_.data(), s2_.size(), op_.name + ": batch variance");
+    for (int c = 0; c < c_; ++c)
+      kernel::bn_train_channel(s2_[c], count, op_.eps, op_.momentum, mean_[c], w[c], b[c], &invstd_[c], &scale_[c],
+                               &shift_[c], &running_mean[c], &running_var[c]);
+    if (a.counter) ++*a.counter;
+    cpu::bn_apply(a.batch, c_, hw_, a.x[0], scale_.data(), shift_.data(), a.y, pool_);
+  }
+
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
+    cpu::bn_grad_sums(a.batch, c_, hw_, a.x[0], mean_.data(), dy, s1_.data(), s2_.data(), pool_);
+    // This rank's sums make its weight and bias gradients (averaged over
+    // ranks by the reducer, as DDP does); the input gradient needs them
+    // over every rank the statistics came from.
+    for (int c = 0; c < c_; ++c) {
+      a.dp[0][c] += float(s2_[c] * double(invstd_[c]));
+      a.dp[1][c] += float(s1_[c]);
+    }
+    if (!dx[0]) return;
+    if (stats_) {
+      stats_->sum(s1_.data(), s1_.size(), op_.name + ": gradient sum");
+      stats_->sum(s2_.data(), s2_.size(), op_.name + ": gradient projection");
+    }
+    const double count = double(a.batch) * hw_ * (stats_ ? stats_->ranks() : 1);
+    cpu::bn_backward_apply(a.batch, c_, hw_, a.x[0], mean_.data(), invstd_.data(), a.p[0], dy, s1_.data(),
+                           s2_.data(), count, dx[0], pool_);
+  }
+
+ private:
+  const Op& op_;
+  ThreadPool* pool_;
+  StatsReducer* stats_;
+  int c_, hw_;
+  std::vector<float> mean_, invstd_, scale_, shift_;  // of the last training forward (and its scale)
+  std::vector<double> s1_, s2_;
+};
+
+class Relu final : public Kernel {
+ public:
+  explicit Relu(const Op& op) : n_(op.in.numel()) {}
+  void forward(const OpArgs& a) override { cpu::relu_forward(a.batch * n_, a.x[0], a.y); }
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
+    if (dx[0]) cpu::relu_backward(a.batch * n_, a.y, dy, dx[0]);
+  }
+
+ private:
+  int64_t n_;
+};
+
+class Add final : public Kernel {
+ public:
+  explicit Add(const Op& op) : n_(op.in.numel()), relu_(op.relu) {}
+  void forward(const OpArgs& a) override { cpu::add_forward(a.batch * n_, a.x[0], a.x[1], relu_, a.y); }
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
+    cpu::add_backward(a.batch * n_, a.y, relu_, dy, dx[0], dx[1]);
+  }
+
+ private:
+  int64_t n_;
+  bool relu_;
+};
+
+class AvgPool final : public Kernel {
+ public:
+  explicit AvgPool(const Op& op) : in_(op.in) {}
+  void forward(const OpArgs& a) override { cpu::avgpool2_forward(a.batch * in_.c, in_.h, in_.w, a.x[0], a.y); }
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
+    if (dx[0]) cpu::avgpool2_backward(a.batch * in_.c, in_.h, in_.w, dy, dx[0]);
+  }
+
+ private:
+  Shape in_;
+};
+
+class GlobalAvgPool final : public Kernel {
+ public:
+  explicit GlobalAvgPool(const Op& op) : in_(op.in) {}
+  void forward(const OpArgs& a) override {
+    cpu::global_avgpool_forward(int64_t(a.batch) * in_.c, in_.h * in_.w, a.x[0], a.y);
+  }
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
+    if (dx[0]) cpu::global_avgpool_backward(int64_t(a.batch) * in_.c, in_.h * in_.w, dy, dx[0]);
+  }
+
+ private:
+  Shape in_;
+};
+
+// NCHW is already flat per sample: both directions are copies.
+class Flatten final : public Kernel {
+ public:
+  explicit Flatten(const Op& op) : n_(op.in.numel()) {}
+  void forward(const OpArgs& a) override { std::copy(a.x[0], a.x[0] + a.batch * n_, a.y); }
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
+    if (dx[0]) std::copy(dy, dy + a.batch * n_, dx[0]);
+  }
+
+ private:
+  int64_t n_;
+};
+
+class Linear final : public Kernel {
+ public:
+  Linear(const Op& op, ThreadPool* pool) : in_(int(op.in.numel())), out_(op.out_c), pool_(pool) {}
+  void forward(const OpArgs& a) override { cpu::linear_forward(a.batch, in_, out_, a.x[0], a.p[0], a.p[1], a.y, pool_); }
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
+    cpu::linear_backward(a.batch, in_, out_, a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], pool_);
+  }
+
+ private:
+  int in_, out_;
+  ThreadPool* pool_;
+};
+
+class CpuDevice final : public Device {
+ public:
+  explicit CpuDevice(int threads) : pool_(std::max(1, threads)) {}
+  std::string name() const override { return "cpu"; }
+
+  std::unique_ptr<Kernel> kernel(const Graph& g, size_t i, StatsReducer* stats) override {
+    const Op& op = g.ops[i];
+    switch (op.kind) {
+      case OpKind::Conv2d: return std::make_unique<Conv>(op, &pool_);
+      case OpKind::ConvReluPool: return std::make_unique<ConvReluPool>(op, &pool_);
+      case OpKind::BatchNorm2d: return std::make_unique<BatchNorm>(op, &pool_, stats);
+      case OpKind::ReLU: return std::make_unique<Relu>(op);
+      case OpKind::Add: return std::make_unique<Add>(op);
+      case OpKind::AvgPool2d: return std::make_unique<AvgPool>(op);
+      case OpKind::GlobalAvgPool: return std::make_unique<GlobalAvgPool>(op);
+      case OpKind::Flatten: return std::make_unique<Flatten>(op);
+      case OpKind::Linear: return std::make_unique<Linear>(op, &pool_);
+    }
+    DDP_FAIL("no CPU kernel for ", to_string(op.kind));
+  }
+
+  std::unique_ptr<Array> alloc(size_t n) override { return std::make_unique<CpuArray>(n); }
+  void fill(float* p, size_t n, float value) override { std::fill(p, p + n, value); }
+  void add(float* dst, const float* src, size_t n) override {
+    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+  }
+  void to_host(float* host, const float* dev, size_t n) override {
+    if (n) std::memcpy(host, dev, n * sizeof(float));
+  }
+  void from_host(float* dev, const float* host, size_t n) override {
+    if (n) std::memcpy(dev, host, n * sizeof(float));
+  }
+  void sync() override {}
+
+ private:
+  ThreadPool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cpu_device(int threads) { return std::make_unique<CpuDevice>(threads); }
+
+}  // namespace ddp::nn

@@ -1,0 +1,193 @@
+// The GPU kernels of the op kinds (nn/device.hpp), internal to src/nn: one
+// *_cuda.cu beside each *_cpu.cpp, made by the CUDA device (cuda_device.cu)
+// and run on device pointers, every launch on the Context's compute stream.
+// Their own arithmetic comes from kernel_math.hpp, which the host tests
+// check against the CPU kernels.
+#pragma once
+
+#include <cuda_runtime_api.h>  // cudaStream_t
+#include <cudnn.h>             // descriptors and algorithms of CudnnConv
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/nn/device.hpp"             // Kernel, OpArgs, StatsReducer
+#include "ddp/nn/graph.hpp"              // Op, Shape
+#include "ddp/runtime/cuda_context.hpp"  // cuda::Context, cuda::DeviceBuffer
+
+namespace ddp::nn {
+
+// Element-wise kernels: 256 threads a block, grid-stride loops, and a grid
+// capped well above what fills an H200 (132 SMs x 2048 threads) so huge
+// tensors do not ask for absurd grids.
+constexpr int kCudaThreads = 256;
+inline unsigned cuda_grid(int64_t n) {
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>((n + kCudaThreads - 1) / kCudaThreads, 8192)));
+}
+
+// 2x2 / stride-2 average pooling kernels (pool_cuda.cu), floor on odd sizes
+// as the CPU's: shared by AvgPool2d and ConvReluPool. With relu, forward
+// pools max(x, 0); backward with a mask (the pooled input, nullptr: none)
+// passes the gradient only where mask > 0. dx is written everywhere (zeros
+// where an odd row or column fed no output).
+void avgpool2_forward_cuda(int64_t planes, int h, int w, const float* x, bool relu, float* y, cudaStream_t stream);
+void avgpool2_backward_cuda(int64_t planes, int h, int w, const float* dy, const float* mask, float* dx,
+                            cudaStream_t stream);
+
+// A cuDNN convolution of one geometry (cudnn_conv.cu): the descriptors, and
+// per batch size the algorithms chosen once (Note [conv algorithms]).
+class CudnnConv {
+ public:
+  // out: the conv output shape the graph computed; checked against cuDNN's.
+  CudnnConv(const std::string& op, Shape in, int out_c, int k, int stride, int pad, Shape out);
+  ~CudnnConv();
+  CudnnConv(const CudnnConv&) = delete;
+  CudnnConv& operator=(const CudnnConv&) = delete;
+
+  // y = conv(x, w) + b (b may be nullptr).
+  void forward(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, float* y);
+  // dw += dconv/dw, db += sum of dy (if db), dx = dconv/dx (if dx): Note
+  // [gradient accumulation] in device.hpp.
+  void backward(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy, float* dw,
+                float* db, float* dx);
+
+ private:
+  struct Plan;
+  Plan& plan(cuda::Context& ctx, int batch);
+  void release();  // destroys the descriptors
+  std::string layer_;
+  Shape in_, out_;
+  cudnnFilterDescriptor_t w_desc_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_desc_ = nullptr;
+  cudnnTensorDescriptor_t bias_desc_ = nullptr;
+  std::map<int, std::unique_ptr<Plan>> plans_;  // by batch size
+};
+
+// One class per op kind; each is made for one op of a graph.
+class CudaConv final : public Kernel {
+ public:
+  CudaConv(const Op& op, cuda::Context& ctx);
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  cuda::Context& ctx_;
+  CudnnConv conv_;
+};
+
+// conv -> relu -> 2x2 average pooling, as ConvReluPool on the CPU.
+class CudaConvReluPool final : public Kernel {
+ public:
+  CudaConvReluPool(const Op& op, cuda::Context& ctx);
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  const Op& op_;
+  cuda::Context& ctx_;
+  Shape conv_;  // per-sample conv output, before pooling
+  CudnnConv conv_op_;
+  // conv + bias of the last forward (the relu mask backward needs: > 0), and
+  // d(conv output) in backward; sized for the largest batch seen.
+  cuda::DeviceBuffer pre_, dpre_;
+  int fwd_batch_ = -1;  // batch of the last forward
+};
+
+// torch.nn.BatchNorm2d with kernels of our own (batch_norm_cuda.cu); with a
+// StatsReducer, SyncBatchNorm (the per-channel sums go through the host).
+class CudaBatchNorm final : public Kernel {
+ public:
+  CudaBatchNorm(const Op& op, cuda::Context& ctx, StatsReducer* stats);
+  ~CudaBatchNorm() override;
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  // The per-channel sums in sums_ (device), summed over ranks when
+  // synchronised: a host round trip.
+  void reduce(size_t n, const std::string& what);
+  const Op& op_;
+  cuda::Context& ctx_;
+  StatsReducer* stats_;
+  int c_, hw_;
+  // Device, per channel: mean, invstd, scale, shift (floats); the sums
+  // (two doubles per channel).
+  float* chan_ = nullptr;
+  double* sums_ = nullptr;
+  std::vector<double> host_;  // the sums on their way through the host
+};
+
+class CudaRelu final : public Kernel {
+ public:
+  CudaRelu(const Op& op, cuda::Context& ctx) : n_(op.in.numel()), ctx_(ctx) {}
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  int64_t n_;
+  cuda::Context& ctx_;
+};
+
+class CudaAdd final : public Kernel {
+ public:
+  CudaAdd(const Op& op, cuda::Context& ctx) : n_(op.in.numel()), relu_(op.relu), ctx_(ctx) {}
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  int64_t n_;
+  bool relu_;
+  cuda::Context& ctx_;
+};
+
+class CudaAvgPool final : public Kernel {
+ public:
+  CudaAvgPool(const Op& op, cuda::Context& ctx) : in_(op.in), ctx_(ctx) {}
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  Shape in_;
+  cuda::Context& ctx_;
+};
+
+class CudaGlobalAvgPool final : public Kernel {
+ public:
+  CudaGlobalAvgPool(const Op& op, cuda::Context& ctx) : in_(op.in), ctx_(ctx) {}
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  Shape in_;
+  cuda::Context& ctx_;
+};
+
+class CudaFlatten final : public Kernel {
+ public:
+  CudaFlatten(const Op& op, cuda::Context& ctx) : n_(op.in.numel()), ctx_(ctx) {}
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  int64_t n_;
+  cuda::Context& ctx_;
+};
+
+// y = x W^T + b on cuBLAS; W [out, in] row-major as the CPU's.
+class CudaLinear final : public Kernel {
+ public:
+  CudaLinear(const Op& op, cuda::Context& ctx) : in_(int(op.in.numel())), out_(op.out_c), ctx_(ctx), name_(op.name) {}
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  int in_, out_;
+  cuda::Context& ctx_;
+  std::string name_;
+};
+
+}  // namespace ddp::nn

@@ -1,0 +1,115 @@
+// resnet18 as a user runs it: BatchNorm's statistics over all ranks with
+// --sync-bn (and not without), kill and resume bitwise with its buffers, and
+// --train-limit. (Its model file in PyTorch: python_resnet18_torch.)
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "ddp/checkpoint/checkpoint.hpp"
+#include "run_outputs.hpp"
+
+namespace ddp::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kData = std::string(" --data-dir ") + DDP_DATA_DIR;
+
+// Float tensors' largest difference relative to the largest value, as
+// max_rel_diff, for parameters and buffers apart.
+struct Diff {
+  double params = 0, buffers = 0;
+};
+Diff differ(const checkpoint::SafetensorsFile& a, const checkpoint::SafetensorsFile& b) {
+  checkpoint::SafetensorsFile pa, pb, ba, bb;
+  for (const auto& t : a.tensors) {
+    const bool buffer = t.name.find("running_") != std::string::npos;
+    (buffer ? ba : pa).tensors.push_back(t);
+    (buffer ? bb : pb).tensors.push_back(*b.find(t.name));
+  }
+  return {max_rel_diff(pa, pb), max_rel_diff(ba, bb)};
+}
+
+class Resnet : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = make_temp_dir(); }
+  void TearDown() override { remove_tree(dir_); }
+  checkpoint::SafetensorsFile train(int np, const std::string& args, const std::string& name) {
+    const std::string out = dir_ + "/" + name + ".safetensors";
+    auto r = run_ddp_train(np, "--model resnet18" + kData + " --quiet " + args + " --output-model " + out);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return checkpoint::read_safetensors(out);
+  }
+  std::string dir_;
+};
+
+// SyncBatchNorm: at -np 4 every BatchNorm normalises over the global batch, so
+// a step is the -np 1 step (to float rounding) and so are the running
+// statistics; without it each rank normalises over its quarter. One step:
+// ResNet-18 amplifies rounding fast (other OpenBLAS kernels alone move its
+// parameters by 1e-5 of their scale in a step, 5e-4 in two), so one step is
+// the horizon where 1e-4 tells the semantics from the rounding with margin.
+TEST_F(Resnet, SyncBatchNormAtFourRanksTakesTheOneRankStep) {
+  const std::string step = " --train-limit 32 --batch-size 32 --epochs 1 --lr 0.1 --seed 1";
+  const auto one = train(1, step + " --sync-bn", "np1_sync");
+  const auto four = train(4, step + " --sync-bn", "np4_sync");
+  const Diff sync = differ(one, four);
+  EXPECT_LE(sync.params, 1e-4);
+  EXPECT_LE(sync.buffers, 1e-4);
+  EXPECT_EQ(one.find("1.num_batches_tracked")->ints, four.find("1.num_batches_tracked")->ints);
+  // Without --sync-bn the ranks' statistics are their own: the test can fail.
+  const Diff local = differ(one, train(4, step, "np4_local"));
+  EXPECT_GT(local.params, 1e-2);
+  EXPECT_GT(local.buffers, 1e-2);
+}
+
+// Killed mid-epoch and resumed: bitwise the uninterrupted run, parameters,
+// running statistics and counters alike.
+TEST_F(Resnet, KilledJobResumesBitwiseWithItsBuffers) {
+  const std::string args = "--model resnet18" + kData +
+                           " --train-limit 192 --batch-size 32 --epochs 2 --lr 0.05 --momentum 0.9 --seed 2 --quiet"
+                           " --checkpoint-every 2 --checkpoint-dir ";
+  const std::string ck = dir_ + "/ck", ref_ck = dir_ + "/ref";
+  auto ref = run_ddp_train(2, args + ref_ck + " --output-model " + dir_ + "/ref.safetensors");
+  ASSERT_EQ(ref.status, 0) << ref.err;
+  {
+    BackgroundJob job(2, args + ck + " --resume auto --output-model " + dir_ + "/resumed.safetensors");
+    ASSERT_TRUE(wait_until([&] {
+      const auto l = checkpoint::list_checkpoints(ck);
+      return !l.empty() && l[0] >= ck + "/" + checkpoint::checkpoint_file_name(4);
+    }, 300));
+    job.kill_all();
+    job.wait();
+  }
+  ASSERT_FALSE(fs::exists(dir_ + "/resumed.safetensors")) << "the job finished before it was killed";
+  auto r = run_ddp_train(2, args + ck + " --resume auto --output-model " + dir_ + "/resumed.safetensors");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("resuming from"), std::string::npos) << r.out;
+  const auto a = checkpoint::read_safetensors(dir_ + "/ref.safetensors");
+  const auto b = checkpoint::read_safetensors(dir_ + "/resumed.safetensors");
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  ASSERT_NE(a.find("resnet_block4.1.bn2.running_var"), nullptr);
+  for (const auto& t : a.tensors) {
+    const auto* u = b.find(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    EXPECT_EQ(t.data, u->data) << t.name << " differs";
+    EXPECT_EQ(t.ints, u->ints) << t.name << " differs";
+  }
+  EXPECT_EQ(a.find("1.num_batches_tracked")->ints, std::vector<int64_t>{12});
+}
+
+TEST(TrainLimit, MoreThanTheDatasetIsNamed) {
+  expect_failure(run_ddp_train(4, "--synthetic 1000 --train-limit 5000 --epochs 1"),
+                 "--train-limit 5000 is more than the 1000 training images of synthetic train");
+}
+
+TEST(TrainLimit, TrainsOnTheFirstSamplesAlone) {
+  auto r = run_ddp_train(2, "--synthetic 1000 --train-limit 128 --batch-size 32 --epochs 1 --quiet");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto s = summary_of(r);
+  EXPECT_EQ(s["steps_per_epoch"], 4) << "128 samples of 1000, in global batches of 32";
+}
+
+}  // namespace
+}  // namespace ddp::test
