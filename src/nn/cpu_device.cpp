@@ -1,8 +1,11 @@
 // The CPU device (nn/device.hpp): host memory, and per op kind a Kernel over
 // the free functions of cpu_ops.hpp, on the device's thread pool.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "ddp/core/error.hpp"
@@ -15,14 +18,38 @@ namespace ddp::nn {
 
 namespace {
 
+// Zeroed host memory. Large arrays (activations: ResNet-18 at batch 256
+// holds 2.8 GB of them) are mapped on their own with transparent huge pages
+// asked for, so that the first step faults them in 2 MiB at a time rather
+// than 4 KiB, and the GEMMs and im2col that stream through them miss the TLB
+// less.
 class CpuArray final : public Array {
  public:
-  explicit CpuArray(size_t n) : v_(n, 0.0f) {}
-  float* data() override { return v_.data(); }
-  size_t size() const override { return v_.size(); }
+  explicit CpuArray(size_t n) : n_(n) {
+    const size_t bytes = n * sizeof(float);
+    if (bytes < kMapBytes) {
+      small_.assign(n, 0.0f);
+      p_ = small_.data();
+      return;
+    }
+    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) throw std::bad_alloc();
+    madvise(m, bytes, MADV_HUGEPAGE);  // advice: where refused, 4 KiB pages still work
+    p_ = static_cast<float*>(m);
+  }
+  ~CpuArray() override {
+    if (small_.empty() && p_) munmap(p_, n_ * sizeof(float));
+  }
+  CpuArray(const CpuArray&) = delete;
+  CpuArray& operator=(const CpuArray&) = delete;
+  float* data() override { return p_; }
+  size_t size() const override { return n_; }
 
  private:
-  std::vector<float> v_;
+  static constexpr size_t kMapBytes = size_t(4) << 20;
+  size_t n_;
+  float* p_ = nullptr;
+  std::vector<float> small_;
 };
 
 cpu::ConvGeom conv_geom(const Op& op, int batch) {

@@ -123,15 +123,21 @@ float* Model::value(int v) { return acts_[size_t(v)]->data(); }
 
 void Model::reserve(int batch) {
   if (batch <= capacity_) return;
+  grad_slots_.clear();
   size_t largest = 0;
+  std::vector<size_t> slot_size(size_t(graph_.grad_slots), 0);
   for (size_t v = 1; v < graph_.values.size(); ++v) {
     const size_t n = size_t(batch) * size_t(graph_.values[v].numel());
     largest = std::max(largest, n);
     acts_[v] = device_.alloc(n);
     // No gradient is kept for the logits (the caller's) or for a value no
     // op reads.
-    const bool needs_grad = int(v) != graph_.output && graph_.readers[v] > 0;
-    dacts_[v] = needs_grad ? device_.alloc(n) : nullptr;
+    if (const int s = graph_.grad_slot[v]; s >= 0) slot_size[size_t(s)] = std::max(slot_size[size_t(s)], n);
+  }
+  for (size_t n : slot_size) grad_slots_.push_back(device_.alloc(n));
+  for (size_t v = 1; v < graph_.values.size(); ++v) {
+    const int s = graph_.grad_slot[v];
+    dacts_[v] = s >= 0 ? grad_slots_[size_t(s)]->data() : nullptr;
   }
   scratch_ = device_.alloc(largest);
   capacity_ = batch;
@@ -169,14 +175,14 @@ void Model::backward(const float* dlogits, int batch, const std::function<void(s
   for (size_t i = graph_.ops.size(); i-- > 0;) {
     const Op& op = graph_.ops[i];
     const int out = int(i) + 1;
-    const float* dy = out == graph_.output ? dlogits : dacts_[size_t(out)]->data();
+    const float* dy = out == graph_.output ? dlogits : dacts_[size_t(out)];
     dx.assign(op.inputs.size(), nullptr);
     std::vector<size_t> add_later;
     for (size_t j = 0; j < op.inputs.size(); ++j) {
       const int v = op.inputs[j];
       if (v == 0) continue;  // nothing needs the input's gradient
       if (!written[size_t(v)]) {
-        dx[j] = dacts_[size_t(v)]->data();
+        dx[j] = dacts_[size_t(v)];
         written[size_t(v)] = true;
       } else {
         dx[j] = scratch_->data();
@@ -187,7 +193,7 @@ void Model::backward(const float* dlogits, int batch, const std::function<void(s
     kernels_[i]->backward(args_[i], dy, dx);
     for (size_t j : add_later) {
       const int v = op.inputs[j];
-      device_.add(dacts_[size_t(v)]->data(), scratch_->data(), size_t(batch) * size_t(graph_.values[size_t(v)].numel()));
+      device_.add(dacts_[size_t(v)], scratch_->data(), size_t(batch) * size_t(graph_.values[size_t(v)].numel()));
     }
     if (on_ready) on_ready(graph_.ready_after[i]);
   }

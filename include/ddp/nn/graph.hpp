@@ -97,6 +97,10 @@ struct Graph {
   std::vector<Shape> values;                     // values[0] = input, values[i + 1] = ops[i].out
   std::vector<int> readers;                      // per value: how many ops read it
   int output = 0;                                // the value that holds the logits
+  // Note [gradient slots]: per value, the array its gradient lives in during
+  // backward (-1: none, the input and the logits); grad_slots arrays in all.
+  std::vector<int> grad_slot;
+  int grad_slots = 0;
 
   // Note [flat layout]
   std::vector<TensorInfo> params;                // in flat order

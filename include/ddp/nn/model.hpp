@@ -84,11 +84,13 @@ class Model {
   std::vector<OpArgs> args_;  // per op: the pointers that do not change between calls
   std::unique_ptr<Array> params_, grads_, buffers_;
   std::vector<int64_t> counters_;
-  // acts_[v]: value v (v >= 1); dacts_[v]: d(loss)/d(value v); scratch_: an
+  // acts_[v]: value v (v >= 1); dacts_[v]: d(loss)/d(value v), in the
+  // arrays of grad_slots_ (Note [gradient slots] in graph.cpp); scratch_: an
   // input gradient that must be added to one already written (a value read
   // by several ops). Sized for the largest batch seen: steps after the first
   // allocate nothing.
-  std::vector<std::unique_ptr<Array>> acts_, dacts_;
+  std::vector<std::unique_ptr<Array>> acts_, grad_slots_;
+  std::vector<float*> dacts_;
   std::unique_ptr<Array> scratch_;
   const float* input_ = nullptr;  // x of the last forward
   int capacity_ = 0;              // batch the arrays hold

@@ -4,10 +4,12 @@
 #include <cblas.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "cpu_model.hpp"
@@ -468,6 +470,37 @@ TEST(ModelGraph, LenetChecksInputShape) {
   const Graph g = model_graph("mlp", {3, 8, 8}, 5);
   EXPECT_EQ(g.params[2].shape, (std::vector<int64_t>{256, 192}));
   EXPECT_EQ(g.output_shape(), (Shape{5, 1, 1}));
+}
+
+// Note [gradient slots]: values whose gradients share an array are never
+// live in backward at once (a gradient lives from its last reader's backward
+// to its producer's), every slot is as large as its largest value, and
+// ResNet-18 needs few arrays where it has a gradient per value.
+TEST(ModelGraph, GradientSlotsAreSharedOnlyBetweenDisjointSpans) {
+  for (const char* name : {"lenet", "mlp", "resnet18"}) {
+    const Graph g = model_graph(name, {1, 28, 28}, 10);
+    ASSERT_EQ(g.grad_slot.size(), g.values.size()) << name;
+    std::vector<int> last_reader(g.values.size(), -1);
+    for (size_t i = 0; i < g.ops.size(); ++i)
+      for (int v : g.ops[i].inputs) last_reader[size_t(v)] = std::max(last_reader[size_t(v)], int(i));
+    int with_grad = 0;
+    for (size_t v = 0; v < g.values.size(); ++v) {
+      const bool needs = v > 0 && int(v) != g.output && last_reader[v] >= 0;
+      ASSERT_EQ(g.grad_slot[v] >= 0, needs) << name << " value " << v;
+      with_grad += needs;
+      ASSERT_LT(g.grad_slot[v], g.grad_slots) << name;
+      for (size_t u = 1; u < v && needs; ++u) {
+        if (g.grad_slot[u] != g.grad_slot[v]) continue;
+        const bool disjoint = int(v) - 1 > last_reader[u] || int(u) - 1 > last_reader[v];
+        EXPECT_TRUE(disjoint) << name << ": values " << u << " and " << v << " share slot " << g.grad_slot[v]
+                              << " while both are live";
+      }
+    }
+    if (std::string(name) == "resnet18") {
+      EXPECT_GT(with_grad, 50);
+      EXPECT_LE(g.grad_slots, 8) << with_grad << " gradients; backward should need a few arrays, not one per value";
+    }
+  }
 }
 
 TEST(ModelGraph, BadWiringIsNamed) {
