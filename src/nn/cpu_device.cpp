@@ -19,7 +19,7 @@ namespace ddp::nn {
 namespace {
 
 // Zeroed host memory. Large arrays (activations: ResNet-18 at batch 256
-// holds 2.8 GB of them) are mapped on their own with transparent huge pages
+// holds 1.4 GB of them) are mapped on their own with transparent huge pages
 // asked for, so that the first step faults them in 2 MiB at a time rather
 // than 4 KiB, and the GEMMs and im2col that stream through them miss the TLB
 // less.
@@ -36,9 +36,10 @@ class CpuArray final : public Array {
     if (m == MAP_FAILED) throw std::bad_alloc();
     madvise(m, bytes, MADV_HUGEPAGE);  // advice: where refused, 4 KiB pages still work
     p_ = static_cast<float*>(m);
+    mapped_ = true;
   }
   ~CpuArray() override {
-    if (small_.empty() && p_) munmap(p_, n_ * sizeof(float));
+    if (mapped_) munmap(p_, n_ * sizeof(float));
   }
   CpuArray(const CpuArray&) = delete;
   CpuArray& operator=(const CpuArray&) = delete;
@@ -49,6 +50,7 @@ class CpuArray final : public Array {
   static constexpr size_t kMapBytes = size_t(4) << 20;
   size_t n_;
   float* p_ = nullptr;
+  bool mapped_ = false;
   std::vector<float> small_;
 };
 

@@ -45,10 +45,10 @@ const char* to_string(OpKind k) {
 // values whose spans [v - 1, last reader] do not meet can share an array, so
 // backward holds a few arrays instead of one per value (ResNet-18: 3 arrays
 // for its 56 gradients, 150k floats an image instead of 1.35M; 1.2 GB less
-// at batch 256). Every kernel's backward overwrites its
-// input gradient (Note [gradient accumulation] in device.hpp), so a slot
-// needs no clearing between users. Greedy, in backward order: a free slot at
-// least as large, the smallest such; else the largest free one, grown.
+// at batch 256). Every kernel's backward overwrites its input gradient (Note
+// [gradient accumulation] in device.hpp), so a slot needs no clearing
+// between users. Greedy, in backward order: a free slot at least as large,
+// the smallest such; else the largest free one, grown.
 namespace {
 
 void assign_grad_slots(Graph& g) {
