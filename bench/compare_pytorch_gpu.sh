@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
 # The GPU benchmark: ddp_train and PyTorch DDP side by side on one GPU, world
-# size 1, NCCL, d2l's recipe (LeNet, batch 256, lr 0.2, plain SGD) at the full
-# Fashion-MNIST size (--synthetic 60000), the two alternating so machine noise
+# size 1, NCCL, one of d2l's recipes (LeNet: batch 256, lr 0.2; ResNet-18:
+# batch 256, lr 0.1; plain SGD) at the full Fashion-MNIST size
+# (--synthetic 60000), the two alternating so machine noise
 # hits both alike. Prints seconds per epoch and samples/s of both (medians
 # over repetitions of each run's median epoch) and the ratio.
 #
-# Usage: bench/compare_pytorch_gpu.sh [reps (3)] [epochs per run (5)]
+# Usage: bench/compare_pytorch_gpu.sh [--model lenet|resnet18] [reps (3)] [epochs per run (5)]
 # Needs a CUDA device, a ddp_train built with the CUDA backend ($DDP_TRAIN, or
 # build/bin/ddp_train) and a python3 with torch and CUDA ($PYTHON, or python3).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+model=lenet
+if [[ "${1:-}" == "--model" ]]; then
+  model=$2
+  shift 2
+fi
+case $model in
+  lenet) lr=0.2 ;;
+  resnet18) lr=0.1 ;;
+  *) echo "compare_pytorch_gpu.sh: --model lenet or resnet18, not '$model'" >&2; exit 2 ;;
+esac
 reps=${1:-3}
 epochs=${2:-5}
 bin=${DDP_TRAIN:-$root/build/bin/ddp_train}
@@ -24,14 +35,14 @@ median() { "$py" -c "import statistics,sys; print(statistics.median(map(float, s
 
 gpu=$(nvidia-smi -L 2>/dev/null | head -1 || echo "GPU")
 echo "ddp_train vs PyTorch $("$py" -c 'import torch; print(torch.__version__)') DDP (nccl), world size 1, $gpu"
-echo "LeNet, --synthetic $n, batch 256, lr 0.2, $epochs epochs x $reps reps"
+echo "$model, --synthetic $n, batch 256, lr $lr, $epochs epochs x $reps reps"
 ours_s=() ours_r=() theirs_s=() theirs_r=()
 for ((i = 0; i < reps; i++)); do
-  out=$("$bin" --device cuda --backend nccl --model lenet --synthetic $n --epochs "$epochs" --batch-size 256 \
-          --lr 0.2 --quiet)
+  out=$("$bin" --device cuda --backend nccl --model "$model" --synthetic $n --epochs "$epochs" --batch-size 256 \
+          --lr "$lr" --quiet)
   ours_s+=("$(field epoch_sec_median <<<"$out")"); ours_r+=("$(field samples_per_sec <<<"$out")")
-  out=$("$py" "$root/bench/torch_ddp.py" --device cuda --world-size 1 --synthetic $n --epochs "$epochs" \
-          --batch-size 256 --lr 0.2)
+  out=$("$py" "$root/bench/torch_ddp.py" --device cuda --world-size 1 --model "$model" --synthetic $n \
+          --epochs "$epochs" --batch-size 256 --lr "$lr")
   theirs_s+=("$(field epoch_sec_median <<<"$out")"); theirs_r+=("$(field samples_per_sec <<<"$out")")
 done
 os=$(median "${ours_s[@]}"); or=$(median "${ours_r[@]}")
