@@ -53,9 +53,7 @@ namespace {
 
 void assign_grad_slots(Graph& g) {
   const size_t n = g.values.size();
-  std::vector<int> last_reader(n, -1);
-  for (size_t i = 0; i < g.ops.size(); ++i)
-    for (int v : g.ops[i].inputs) last_reader[size_t(v)] = std::max(last_reader[size_t(v)], int(i));
+  const std::vector<int>& last_reader = g.last_reader;
   std::vector<int> order;  // values with a gradient, by when backward first writes it
   for (size_t v = 1; v < n; ++v)
     if (int(v) != g.output && last_reader[v] >= 0) order.push_back(int(v));
@@ -208,13 +206,13 @@ Graph GraphBuilder::finish(int output) {
   DDP_CHECK(!g.ops.empty(), "model ", model, ": no ops");
   DDP_CHECK(output > 0 && size_t(output) < g.values.size(), "model ", model, ": output ", output, " is no op's");
   g.output = output;
-  g.readers.assign(g.values.size(), 0);
-  for (const Op& op : g.ops)
-    for (int v : op.inputs) ++g.readers[size_t(v)];
+  g.last_reader.assign(g.values.size(), -1);
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    for (int v : g.ops[i].inputs) g.last_reader[size_t(v)] = int(i);  // ops are in order
   // Every op's output is read, by a later op or as the logits (and the
   // logits by nothing else), so backward reaches every op.
   for (size_t v = 1; v < g.values.size(); ++v)
-    DDP_CHECK((int(v) == output) != (g.readers[v] > 0), "model ", model, ": the output of op ", g.ops[v - 1].name,
+    DDP_CHECK((int(v) == output) != (g.last_reader[v] >= 0), "model ", model, ": the output of op ", g.ops[v - 1].name,
               int(v) == output ? " is the logits and is read by another op too" : " is read by nothing");
   assign_grad_slots(g);
   std::set<std::string> names;

@@ -95,7 +95,7 @@ struct Graph {
   Shape input;
   std::vector<Op> ops;
   std::vector<Shape> values;                     // values[0] = input, values[i + 1] = ops[i].out
-  std::vector<int> readers;                      // per value: how many ops read it
+  std::vector<int> last_reader;                  // per value: the last op that reads it, -1: none
   int output = 0;                                // the value that holds the logits
   // Note [gradient slots]: per value, the array its gradient lives in during
   // backward (-1: none, the input and the logits); grad_slots arrays in all.
