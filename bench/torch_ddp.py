@@ -3,7 +3,10 @@
 (d2l_torch.py: the LeNet variant, or ResNet-18), plain SGD, global batch B
 split over W ranks, DistributedSampler with drop_last. Prints one JSON line
 like ddp_train's summary (samples_per_sec: training samples per second of
-training time, median over epochs; evaluation excluded, in eval mode).
+training time, median over epochs; train_loss: the mean loss of the last
+epoch over every rank's steps; evaluation excluded, in eval mode).
+--each-epoch also evaluates after every epoch and prints an epoch line
+(train_loss, test_acc), for learning curves beside ddp_train's.
 
 On the CPU it runs gloo; with --device cuda, NCCL with one GPU per rank
 (DistributedDataParallel(device_ids=[rank])), each batch copied to the GPU as
@@ -12,6 +15,7 @@ timing, where the values do not matter but the sizes do.
 
 Usage: torch_ddp.py [--model lenet|resnet18] --world-size W (--data-dir DIR | --synthetic N)
                     [--train-limit N] [--device cpu|cuda] --epochs E --batch-size B --lr LR
+                    [--seed S] [--each-epoch]
 """
 import argparse
 import gzip
@@ -84,6 +88,15 @@ def worker(rank, args, port):
     sampler = torch.utils.data.distributed.DistributedSampler(
         torch.utils.data.TensorDataset(x, y), num_replicas=args.world_size, rank=rank,
         shuffle=True, seed=args.seed, drop_last=True)
+    def evaluate():
+        model.eval()
+        with torch.no_grad():
+            shard = torch.arange(rank, len(yt), args.world_size)
+            correct = sum(float((model(xt[c].to(dev)).argmax(1).cpu() == yt[c]).sum()) for c in shard.split(1024))
+            counts = torch.tensor([correct, float(len(shard))], device=dev)
+        dist.all_reduce(counts)
+        return counts[0].item() / counts[1].item()
+
     rates, secs = [], []
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
@@ -91,6 +104,7 @@ def worker(rank, args, port):
         steps = len(idx) // b
         t0 = time.perf_counter()
         model.train()
+        loss_sum = torch.zeros(1, device=dev)
         for s in range(steps):
             sel = idx[s * b:(s + 1) * b]
             xb, yb = x[sel].to(dev, non_blocking=True), y[sel].to(dev, non_blocking=True)
@@ -98,23 +112,26 @@ def worker(rank, args, port):
             loss = loss_fn(model(xb), yb)
             loss.backward()
             opt.step()
+            loss_sum += loss.detach()
         if cuda:
             torch.cuda.synchronize()
         t = torch.tensor([time.perf_counter() - t0], device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         secs.append(t.item())
         rates.append(steps * args.batch_size / t.item())
-    model.eval()
-    with torch.no_grad():
-        shard = torch.arange(rank, len(yt), args.world_size)
-        correct = sum(float((model(xt[c].to(dev)).argmax(1).cpu() == yt[c]).sum()) for c in shard.split(1024))
-        counts = torch.tensor([correct, float(len(shard))], device=dev)
-    dist.all_reduce(counts)
+        dist.all_reduce(loss_sum)
+        train_loss = loss_sum.item() / (steps * args.world_size)
+        if args.each_epoch and epoch + 1 < args.epochs:
+            acc = evaluate()
+            if rank == 0:
+                print(json.dumps({"event": "epoch", "epoch": epoch + 1, "train_loss": train_loss,
+                                  "test_acc": acc}), flush=True)
+    test_acc = evaluate()
     if rank == 0:
         print(json.dumps({"event": "summary", "impl": "pytorch-ddp-" + ("nccl" if cuda else "gloo"), "model": args.model,
                           "torch": torch.__version__, "device": args.device,
                           "world_size": args.world_size, "epochs": args.epochs,
-                          "test_acc": counts[0].item() / counts[1].item(), "train_loss": loss.item(),
+                          "test_acc": test_acc, "train_loss": train_loss,
                           "epoch_sec_median": statistics.median(secs),
                           "samples_per_sec": statistics.median(rates)}), flush=True)
     dist.destroy_process_group()
@@ -133,6 +150,8 @@ def main():
     p.add_argument("--lr", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--port", type=int, default=29533)
+    p.add_argument("--each-epoch", action="store_true",
+                   help="also evaluate after every epoch and print an epoch line")
     args = p.parse_args()
     if bool(args.data_dir) == bool(args.synthetic):
         p.error("name one dataset: --data-dir DIR or --synthetic N")
