@@ -85,9 +85,13 @@ TEST_P(ConvGrad, BackwardMatchesFiniteDifferences) {
   std::vector<double> dx(x.size(), -7.0), dw(w.size(), 0.0), db(b.size(), 0.0);
   cpu::conv2d_backward(g, x.data(), w.data(), r.data(), dw.data(), db.data(), dx.data(), ws);
 
-  EXPECT_LT(max_rel_err(dx, test::numeric_grad(x, loss)), 1e-6) << "dx";
-  EXPECT_LT(max_rel_err(dw, test::numeric_grad(w, loss)), 1e-6) << "dw";
-  EXPECT_LT(max_rel_err(db, test::numeric_grad(b, loss)), 1e-6) << "db";
+  // L is linear in each of x, w and b, so a wide step has no truncation
+  // error, and it keeps the forward's rounding (Winograd's transforms round
+  // more than a direct sum: 4e-14 of 33) small against the step.
+  const double h = 0.1;
+  EXPECT_LT(max_rel_err(dx, test::numeric_grad(x, loss, h)), 1e-6) << "dx";
+  EXPECT_LT(max_rel_err(dw, test::numeric_grad(w, loss, h)), 1e-6) << "dw";
+  EXPECT_LT(max_rel_err(db, test::numeric_grad(b, loss, h)), 1e-6) << "db";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -97,7 +101,59 @@ INSTANTIATE_TEST_SUITE_P(
                       ConvCase{3, 2, 7, 5, 4, 3, 1, 1},     // padding, non-square
                       ConvCase{1, 2, 5, 19, 3, 3, 1, 1},    // rows wider than a vector
                       ConvCase{2, 2, 7, 7, 3, 3, 2, 1},     // stride 2
-                      ConvCase{1, 1, 4, 4, 2, 1, 1, 0}));   // 1x1 kernel
+                      ConvCase{1, 1, 4, 4, 2, 1, 1, 0},     // 1x1 kernel
+                      // Winograd's path (winograd_applies): odd and even
+                      // sides, the last tile half outside; one pixel wide.
+                      ConvCase{2, 16, 7, 5, 16, 3, 1, 1}, ConvCase{1, 17, 4, 4, 20, 3, 1, 1},
+                      ConvCase{2, 16, 3, 1, 18, 3, 1, 1}));
+
+TEST(Conv2d, WinogradTakesTheLayersItShould) {
+  EXPECT_TRUE(cpu::winograd_applies(conv_geom(2, 16, 7, 5, 16, 3, 1, 1)));
+  EXPECT_TRUE(cpu::winograd_applies(conv_geom(2, 512, 4, 4, 512, 3, 1, 1)));   // resnet18's last block
+  EXPECT_FALSE(cpu::winograd_applies(conv_geom(2, 1, 28, 28, 64, 3, 1, 1)));   // its stem
+  EXPECT_FALSE(cpu::winograd_applies(conv_geom(2, 64, 28, 28, 128, 3, 2, 1)));  // stride 2
+  EXPECT_FALSE(cpu::winograd_applies(conv_geom(2, 64, 28, 28, 128, 1, 1, 0)));  // 1x1
+  EXPECT_FALSE(cpu::winograd_applies(conv_geom(2, 16, 13, 13, 50, 5, 1, 0)));   // 5x5
+}
+
+// Winograd's chunks (images side by side in the 16 GEMMs) and threads give
+// each image what it gets alone, and the float path is as close to the
+// double one as im2col's.
+TEST(Conv2d, WinogradChunksThreadsAndFloat) {
+  const ConvGeom g = conv_geom(40, 32, 7, 7, 48, 3, 1, 1);
+  ASSERT_TRUE(cpu::winograd_applies(g));
+  const auto x = random_vec(x_size(g), 30), w = random_vec(w_size(g), 31, 0.1),
+             b = random_vec(size_t(g.out_c), 32), dy = random_vec(y_size(g), 33);
+  ConvGeom one = g;
+  one.batch = 1;
+  const size_t xi = x_size(one), yi = y_size(one);
+  std::vector<double> y1(y_size(g)), dx1(x.size()), dw1(w.size(), 0.0), db1(b.size(), 0.0);
+  cpu::ConvScratch<double> ws1;
+  for (int n = 0; n < g.batch; ++n) {
+    cpu::conv2d_forward(one, x.data() + n * xi, w.data(), b.data(), y1.data() + n * yi, ws1);
+    cpu::conv2d_backward(one, x.data() + n * xi, w.data(), dy.data() + n * yi, dw1.data(), db1.data(),
+                         dx1.data() + n * xi, ws1);
+  }
+  EXPECT_LT(max_rel_err(y1, conv_direct(g, x, w, b)), 1e-10);
+  for (int threads : {1, 3}) {
+    ThreadPool pool(threads);
+    cpu::ConvScratch<double> ws;
+    std::vector<double> y(y1.size()), dx(x.size()), dw(w.size(), 0.0), db(b.size(), 0.0);
+    cpu::conv2d_forward(g, x.data(), w.data(), b.data(), y.data(), ws, &pool);
+    cpu::conv2d_backward(g, x.data(), w.data(), dy.data(), dw.data(), db.data(), dx.data(), ws, &pool);
+    EXPECT_LT(max_rel_err(y, y1), 1e-12) << threads << " threads";
+    EXPECT_LT(max_rel_err(dx, dx1), 1e-12) << threads << " threads";
+    EXPECT_LT(max_rel_err(dw, dw1), 1e-10) << threads << " threads";
+  }
+
+  GraphBuilder gb("conv", {32, 7, 7}, true);
+  const Graph graph = gb.finish(gb.conv("conv", gb.input(), 48, 3, 1, 1));
+  const auto r = test::run_cpu_kernel(graph, 0, g.batch, {test::to_float(x)}, {test::to_float(w), test::to_float(b)},
+                                      test::to_float(dy));
+  EXPECT_LT(test::scaled_err(r.y, y1), 1e-5);
+  EXPECT_LT(test::scaled_err(r.dx[0], dx1), 1e-5);
+  EXPECT_LT(test::scaled_err(r.dp[0], dw1), 1e-5);
+}
 
 // A batch big enough for several im2col chunks must equal image-by-image.
 TEST(Conv2d, ChunkedBatchAndThreadsEqualSingleImages) {

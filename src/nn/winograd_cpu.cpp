@@ -1,0 +1,253 @@
+// 3x3 convolutions with stride 1 and padding 1 by Winograd's F(2x2, 3x3)
+// (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2015).
+//
+// Note [winograd]: each 2x2 block of outputs ("tile") is computed from the
+// 4x4 block of input around it as
+//   y = A^T [ sum over input channels (G g G^T) .* (B^T d B) ] A
+// so the multiply-adds over channels are 16 GEMMs, one per position xi of the
+// 4x4 transformed tile: M[xi] (out_c x tiles) = U[xi] (out_c x in_c) V[xi]
+// (in_c x tiles). Per output that is 16/4 = 4 multiply-adds per channel pair
+// where im2col's GEMM does 9: 2.25x fewer (less where a side is odd and the
+// last tile half empty). The transforms take only additions and halvings, so
+// float rounding stays that of a sum over channels, as with im2col.
+//
+// The input gradient of such a layer is the same kind of convolution: dy
+// (out_c channels) with the kernels transposed and turned by 180 degrees, so
+// backward runs the same code; the weight gradient stays im2col's GEMM.
+//
+// Chunks of images go to the pool's threads as in conv_engine.hpp, each with
+// its own V and M. A chunk's outputs come from its own images alone, so which
+// thread runs it never changes them (Note [deterministic sums]).
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "ddp/nn/conv_engine.hpp"  // for_each_chunk, aligned buffers
+#include "ddp/nn/cpu_ops.hpp"
+#include "ddp/nn/gemm.hpp"
+
+namespace ddp::nn::cpu {
+
+namespace {
+
+// Tile columns (images x tiles) a chunk's 16 GEMMs get at least.
+constexpr int64_t kWinogradMinColumns = 512;
+
+struct Tiles {
+  int h, w, th, tw;  // image size; tiles down and across
+  int per_image() const { return th * tw; }
+};
+
+Tiles tiles_of(int h, int w) { return {h, w, (h + 1) / 2, (w + 1) / 2}; }
+
+// U[xi][k][c] = (G g G^T)[xi] of kernel (k, c); with flip, of the kernel that
+// maps dy to dx: w[c][k] turned by 180 degrees (U is then in_c x out_c).
+template <typename T>
+void transform_weights(int out_c, int in_c, const T* w, bool flip, T* u) {
+  const int K = flip ? in_c : out_c, C = flip ? out_c : in_c;
+  const int64_t plane = int64_t(K) * C;
+  for (int k = 0; k < K; ++k)
+    for (int c = 0; c < C; ++c) {
+      T g[3][3];
+      const T* src = flip ? w + (int64_t(c) * in_c + k) * 9 : w + (int64_t(k) * in_c + c) * 9;
+      for (int r = 0; r < 3; ++r)
+        for (int s = 0; s < 3; ++s) g[r][s] = flip ? src[(2 - r) * 3 + (2 - s)] : src[r * 3 + s];
+      T gg[4][3];  // G g
+      for (int s = 0; s < 3; ++s) {
+        gg[0][s] = g[0][s];
+        gg[1][s] = T(0.5) * (g[0][s] + g[1][s] + g[2][s]);
+        gg[2][s] = T(0.5) * (g[0][s] - g[1][s] + g[2][s]);
+        gg[3][s] = g[2][s];
+      }
+      T* dst = u + int64_t(k) * C + c;
+      for (int a = 0; a < 4; ++a) {
+        dst[(a * 4 + 0) * plane] = gg[a][0];
+        dst[(a * 4 + 1) * plane] = T(0.5) * (gg[a][0] + gg[a][1] + gg[a][2]);
+        dst[(a * 4 + 2) * plane] = T(0.5) * (gg[a][0] - gg[a][1] + gg[a][2]);
+        dst[(a * 4 + 3) * plane] = gg[a][2];
+      }
+    }
+}
+
+// Scratch values the transforms of one image need (transform_input's parity
+// planes and rows, transform_output's outputs).
+size_t transform_scratch(const Tiles& t) {
+  const size_t rows = size_t(t.th) * (t.tw + 1);
+  return std::max(4 * size_t(t.th + 1) * (t.tw + 1) + 16 * rows, 4 * size_t(t.per_image()));
+}
+
+// V[xi][c][col0 + tile] = (B^T d B)[xi] for every tile of image x (C planes),
+// d the 4x4 input block at (2i - 1, 2j - 1), zero outside the image.
+//
+// Note [parity planes]: the zero-padded image P (P[r][s] = x[r - 1][s - 1])
+// is split by row and column parity into four planes Q[rp][cp][i][j] =
+// P[2i + rp][2j + cp], each (th + 1) x (tw + 1). Element (q, s) of tile (i,
+// j)'s block is then Q[q & 1][s & 1] at flat index (i + q / 2) (tw + 1) + j +
+// s / 2: sixteen fixed offsets from f = i (tw + 1) + j. So the transform is
+// one loop over f that the compiler vectorises, whatever the image's size;
+// f = i (tw + 1) + tw is a column past the last tile, computed and dropped
+// when the rows are copied into V.
+template <typename T>
+void transform_input(const Tiles& t, int C, const T* x, int64_t col0, int64_t ld, T* v, T* scratch) {
+  const int tw1 = t.tw + 1;
+  const int64_t pl = int64_t(t.th + 1) * tw1, rows = int64_t(t.th) * tw1, plane = int64_t(C) * ld;
+  T* q[2][2] = {{scratch, scratch + pl}, {scratch + 2 * pl, scratch + 3 * pl}};
+  T* out = scratch + 4 * pl;  // 16 x rows
+  for (int c = 0; c < C; ++c) {
+    const T* xc = x + int64_t(c) * t.h * t.w;
+    std::fill(scratch, scratch + 4 * pl, T(0));
+    for (int y = 0; y < t.h; ++y) {
+      const int r = y + 1;
+      T* even = q[r & 1][0] + int64_t(r >> 1) * tw1;  // P columns 0, 2, ...: x columns -1, 1, ...
+      T* odd = q[r & 1][1] + int64_t(r >> 1) * tw1;   // P columns 1, 3, ...: x columns 0, 2, ...
+      const T* src = xc + int64_t(y) * t.w;
+      for (int j = 0; 2 * j < t.w; ++j) odd[j] = src[2 * j];
+      for (int j = 1; 2 * j - 1 < t.w; ++j) even[j] = src[2 * j - 1];
+    }
+    const T *e0 = q[0][0], *o0 = q[0][1], *e1 = q[1][0], *o1 = q[1][1];
+#pragma GCC ivdep
+    for (int64_t f = 0; f < rows; ++f) {
+      T d[4][4];
+      for (int qq = 0; qq < 4; ++qq) {
+        const int64_t at = f + (qq >> 1) * tw1;
+        const T* ev = (qq & 1) ? e1 : e0;
+        const T* od = (qq & 1) ? o1 : o0;
+        d[qq][0] = ev[at];
+        d[qq][1] = od[at];
+        d[qq][2] = ev[at + 1];
+        d[qq][3] = od[at + 1];
+      }
+      for (int s = 0; s < 4; ++s) {  // B^T d
+        const T a0 = d[0][s] - d[2][s], a1 = d[1][s] + d[2][s], a2 = d[2][s] - d[1][s], a3 = d[1][s] - d[3][s];
+        d[0][s] = a0;
+        d[1][s] = a1;
+        d[2][s] = a2;
+        d[3][s] = a3;
+      }
+      for (int a = 0; a < 4; ++a) {  // (B^T d) B
+        out[(a * 4 + 0) * rows + f] = d[a][0] - d[a][2];
+        out[(a * 4 + 1) * rows + f] = d[a][1] + d[a][2];
+        out[(a * 4 + 2) * rows + f] = d[a][2] - d[a][1];
+        out[(a * 4 + 3) * rows + f] = d[a][1] - d[a][3];
+      }
+    }
+    T* vc = v + int64_t(c) * ld + col0;
+    for (int xi = 0; xi < 16; ++xi)
+      for (int i = 0; i < t.th; ++i) {
+        const T* from = out + xi * rows + int64_t(i) * tw1;
+        T* to = vc + xi * plane + int64_t(i) * t.tw;
+#pragma GCC ivdep
+        for (int j = 0; j < t.tw; ++j) to[j] = from[j];
+      }
+  }
+}
+
+// y (K planes of image n) = A^T M A for every tile, plus bias; the last row
+// and column of tiles are clipped to the image. One loop over the image's
+// tiles per channel computes the four outputs of each; then they are
+// interleaved into the rows of y.
+template <typename T>
+void transform_output(const Tiles& t, int K, const T* m, int64_t col0, int64_t ld, const T* bias, T* y, T* scratch) {
+  const int64_t plane = int64_t(K) * ld, per = t.per_image();
+  T* o[4] = {scratch, scratch + per, scratch + 2 * per, scratch + 3 * per};  // y[2i + p][2j + q]: o[2p + q]
+  for (int k = 0; k < K; ++k) {
+    const T b = bias ? bias[k] : T(0);
+    const T* mk = m + int64_t(k) * ld + col0;
+#pragma GCC ivdep
+    for (int64_t p = 0; p < per; ++p) {
+      T v[16];
+      for (int xi = 0; xi < 16; ++xi) v[xi] = mk[xi * plane + p];
+      // A^T m: rows 0 + 1 + 2 and 1 - 2 - 3; then the same along columns.
+      T a0[4], a1[4];
+      for (int s = 0; s < 4; ++s) {
+        a0[s] = v[s] + v[4 + s] + v[8 + s];
+        a1[s] = v[4 + s] - v[8 + s] - v[12 + s];
+      }
+      o[0][p] = a0[0] + a0[1] + a0[2] + b;
+      o[1][p] = a0[1] - a0[2] - a0[3] + b;
+      o[2][p] = a1[0] + a1[1] + a1[2] + b;
+      o[3][p] = a1[1] - a1[2] - a1[3] + b;
+    }
+    T* yk = y + int64_t(k) * t.h * t.w;
+    for (int yy = 0; yy < t.h; ++yy) {
+      const int i = yy >> 1, pr = yy & 1;
+      const T* e = o[2 * pr] + int64_t(i) * t.tw;
+      const T* od = o[2 * pr + 1] + int64_t(i) * t.tw;
+      T* dst = yk + int64_t(yy) * t.w;
+      const int pairs = t.w / 2;
+#pragma GCC ivdep
+      for (int j = 0; j < pairs; ++j) {
+        dst[2 * j] = e[j];
+        dst[2 * j + 1] = od[j];
+      }
+      if (t.w % 2) dst[t.w - 1] = e[pairs];
+    }
+  }
+}
+
+// y = conv3x3(x) + bias over a batch of C-channel images, from U (transform_weights).
+template <typename T>
+void winograd_run(int batch, int C, int K, const Tiles& t, const T* x, const T* u, const T* bias, T* y,
+                  ConvScratch<T>& s, ThreadPool* pool) {
+  const int64_t per = t.per_image();
+  const int threads = conv_threads(pool);
+  const int64_t share = (int64_t(batch) + threads - 1) / threads;
+  const int chunk = int(std::clamp<int64_t>((kWinogradMinColumns + per - 1) / per, 1, share));
+  const int64_t max_ld = aligned_stride<T>(int64_t(chunk) * per);
+  const size_t row = transform_scratch(t);
+  if (int(s.thread.size()) < threads) s.thread.resize(threads);
+  for (int th = 0; th < threads; ++th)
+    reserve_aligned(s.thread[th], size_t(16) * size_t(C + K) * size_t(max_ld) + row + size_t(kRowAlignBytes));
+  const int64_t in_img = int64_t(C) * t.h * t.w, out_img = int64_t(K) * t.h * t.w;
+  SerialBlas serial;
+  for_each_chunk(pool, threads, batch, chunk, [&](int n0, int nb, int th) {
+    T* v = align_up(s.thread[th].data());
+    T* m = v + int64_t(16) * C * max_ld;
+    T* tmp = m + int64_t(16) * K * max_ld;
+    const int64_t n = nb * per, ld = aligned_stride<T>(n);
+    for (int i = 0; i < nb; ++i) transform_input(t, C, x + (n0 + i) * in_img, i * per, ld, v, tmp);
+    for (int xi = 0; xi < 16; ++xi)
+      gemm(false, false, K, int(n), C, T(1), u + int64_t(xi) * K * C, C, v + int64_t(xi) * C * ld, int(ld), T(0),
+           m + int64_t(xi) * K * ld, int(ld));
+    for (int i = 0; i < nb; ++i) transform_output(t, K, m, i * per, ld, bias, y + (n0 + i) * out_img, tmp);
+  });
+}
+
+}  // namespace
+
+bool winograd_applies(const ConvGeom& g) {
+  // A handful of input channels gives GEMMs too thin to gain (the stem: 1).
+  return g.k == 3 && g.stride == 1 && g.pad == 1 && g.in_c >= 16 && g.out_c >= 16;
+}
+
+template <typename T>
+void winograd_conv3x3_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, ConvScratch<T>& s,
+                              ThreadPool* pool) {
+  check_conv_geom(g);
+  if (g.batch == 0) return;
+  s.winograd_weights.resize(size_t(16) * g.out_c * g.in_c);
+  transform_weights(g.out_c, g.in_c, w, /*flip=*/false, s.winograd_weights.data());
+  winograd_run(g.batch, g.in_c, g.out_c, tiles_of(g.in_h, g.in_w), x, s.winograd_weights.data(), b, y, s, pool);
+}
+
+template <typename T>
+void winograd_conv3x3_backward_data(const ConvGeom& g, const T* w, const T* dy, T* dx, ConvScratch<T>& s,
+                                    ThreadPool* pool) {
+  check_conv_geom(g);
+  if (g.batch == 0) return;
+  s.winograd_weights.resize(size_t(16) * g.out_c * g.in_c);
+  transform_weights(g.out_c, g.in_c, w, /*flip=*/true, s.winograd_weights.data());
+  winograd_run(g.batch, g.out_c, g.in_c, tiles_of(g.in_h, g.in_w), dy, s.winograd_weights.data(),
+               static_cast<const T*>(nullptr), dx, s, pool);
+}
+
+template void winograd_conv3x3_forward<float>(const ConvGeom&, const float*, const float*, const float*, float*,
+                                              ConvScratch<float>&, ThreadPool*);
+template void winograd_conv3x3_forward<double>(const ConvGeom&, const double*, const double*, const double*,
+                                               double*, ConvScratch<double>&, ThreadPool*);
+template void winograd_conv3x3_backward_data<float>(const ConvGeom&, const float*, const float*, float*,
+                                                    ConvScratch<float>&, ThreadPool*);
+template void winograd_conv3x3_backward_data<double>(const ConvGeom&, const double*, const double*, double*,
+                                                     ConvScratch<double>&, ThreadPool*);
+
+}  // namespace ddp::nn::cpu
