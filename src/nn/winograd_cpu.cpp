@@ -34,6 +34,7 @@
 #include "ddp/nn/conv_engine.hpp"  // for_each_chunk, aligned buffers
 #include "ddp/nn/cpu_ops.hpp"
 #include "ddp/nn/gemm.hpp"
+#include "ddp/nn/simd.hpp"
 
 namespace ddp::nn::cpu {
 
@@ -76,6 +77,23 @@ void transform_weights(int out_c, int in_c, const T* w, bool flip, T* u) {
         dst[(a * 4 + 3) * plane] = gg[a][2];
       }
     }
+}
+
+// to[0, n) = from[0, n) for the short rows of tiles (2 to 14 here): one
+// masked vector where a plain loop would end in a scalar tail.
+template <typename T>
+inline void copy_short(const T* from, int n, T* to) {
+#if DDP_NN_SIMD
+  using S = simd::Vec<T>;
+  int j = 0;
+  for (; j + S::kLanes <= n; j += S::kLanes) S::store(to + j, S::load(from + j));
+  if (j < n) {
+    const auto m = simd::lanes<T>(0, n - j);
+    S::store(to + j, m, S::loadz(m, from + j));
+  }
+#else
+  std::copy_n(from, n, to);
+#endif
 }
 
 // Scratch values the transforms of one image need (transform_input's parity
@@ -142,12 +160,8 @@ void transform_input(const Tiles& t, int C, const T* x, int64_t col0, int64_t ld
     }
     T* vc = v + int64_t(c) * ld + col0;
     for (int xi = 0; xi < 16; ++xi)
-      for (int i = 0; i < t.th; ++i) {
-        const T* from = out + xi * rows + int64_t(i) * tw1;
-        T* to = vc + xi * plane + int64_t(i) * t.tw;
-#pragma GCC ivdep
-        for (int j = 0; j < t.tw; ++j) to[j] = from[j];
-      }
+      for (int i = 0; i < t.th; ++i)
+        copy_short(out + xi * rows + int64_t(i) * tw1, t.tw, vc + xi * plane + int64_t(i) * t.tw);
   }
 }
 
