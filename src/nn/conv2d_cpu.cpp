@@ -1,7 +1,7 @@
 // conv2d on the CPU: the chunked im2col + GEMM driver (conv_engine.hpp) with
 // the plain epilogue (bias, scatter to NCHW) and source (gather dy from NCHW);
-// 3x3 layers with stride 1 and padding 1 compute y and dx by Winograd's
-// algorithm instead (winograd_cpu.cpp), their dW with the driver.
+// 3x3 layers with stride 1 and padding 1 take Winograd's algorithm instead
+// (winograd_cpu.cpp).
 #include <algorithm>
 
 #include "ddp/core/error.hpp"
@@ -42,10 +42,10 @@ void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
 template <typename T>
 void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
                      ConvScratch<T>& s, ThreadPool* pool) {
+  if (winograd_applies(g)) return winograd_conv3x3_backward(g, x, w, dy, dw, db, dx, s, pool);
   const int OHW = g.out_h() * g.out_w();
   const int64_t out_img = int64_t(g.out_c) * OHW;
-  const bool winograd = dx && winograd_applies(g);
-  conv_backward_chunks(g, x, w, dw, db, winograd ? nullptr : dx, s, pool, [&](int n0, int nb, T* dyc, int64_t ld) {
+  conv_backward_chunks(g, x, w, dw, db, dx, s, pool, [&](int n0, int nb, T* dyc, int64_t ld) {
     for (int i = 0; i < nb; ++i) {
       const T* dyi = dy + (n0 + i) * out_img;
       for (int oc = 0; oc < g.out_c; ++oc)
@@ -53,7 +53,6 @@ void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* 
                   dyc + int64_t(oc) * ld + int64_t(i) * OHW);
     }
   });
-  if (winograd) winograd_conv3x3_backward_data(g, w, dy, dx, s, pool);
 }
 
 template void conv2d_forward<float>(const ConvGeom&, const float*, const float*, const float*,

@@ -14,15 +14,16 @@
 // own noise: a resnet18 step is as close to float64 PyTorch's as before
 // (tests/python/resnet18_step.py).
 //
-// Measured with bench_nn (resnet18, 2-core AVX-512 EPYC, alternating runs):
-// batch 128 on 1 thread 32-34 samples/s against im2col's 28-29; batch 256 on
-// 2 threads 56-61 against 51-52. Each 3x3 layer's forward is about 20%
-// faster, its backward 5-20% (dW, a third of the flops, is unchanged); far
-// from 2.25x, because the transforms stream V and M through memory.
+// Measured with bench_nn (resnet18, batch 128 on 1 thread, 2-core AVX-512
+// EPYC): 38-40 samples/s against im2col's 28-30. A 3x3 layer's forward and
+// backward are each 1.2x to 1.6x faster, not 2.25x: the transforms stream V
+// and M through memory, and the 7x7 layers' last tiles are half empty.
 //
 // The input gradient of such a layer is the same kind of convolution: dy
 // (out_c channels) with the kernels transposed and turned by 180 degrees, so
-// backward runs the same code; the weight gradient stays im2col's GEMM.
+// backward runs the same code. The weight gradient is the adjoint of the
+// forward: dU[xi] = sum over tiles of (A dy A^T)[xi] (B^T d B)[xi], 16 GEMMs
+// over the tiles, then dw = G^T dU G.
 //
 // Chunks of images go to the pool's threads as in conv_engine.hpp, each with
 // its own V and M. A chunk's outputs come from its own images alone, so which
@@ -208,14 +209,81 @@ void transform_output(const Tiles& t, int K, const T* m, int64_t col0, int64_t l
   }
 }
 
+// dL/dM = A dy A^T for every tile of image dy (K planes): the adjoint of
+// transform_output. Each tile's 2x2 block of dy (zero past the image's
+// edge) comes from dy's four parity planes (Note [parity planes]) at the
+// tile's own index, so one loop over the tiles does it.
+template <typename T>
+void transform_output_grad(const Tiles& t, int K, const T* dy, int64_t col0, int64_t ld, T* m, T* scratch) {
+  const int64_t plane = int64_t(K) * ld, per = t.per_image();
+  T* q[2][2] = {{scratch, scratch + per}, {scratch + 2 * per, scratch + 3 * per}};  // dy[2i + rp][2j + cp]
+  for (int k = 0; k < K; ++k) {
+    const T* dk = dy + int64_t(k) * t.h * t.w;
+    if (t.h % 2 || t.w % 2) std::fill(scratch, scratch + 4 * per, T(0));
+    for (int yy = 0; yy < t.h; ++yy) {
+      T* even = q[yy & 1][0] + int64_t(yy >> 1) * t.tw;
+      T* odd = q[yy & 1][1] + int64_t(yy >> 1) * t.tw;
+      const T* src = dk + int64_t(yy) * t.w;
+      for (int j = 0; 2 * j < t.w; ++j) even[j] = src[2 * j];
+      for (int j = 0; 2 * j + 1 < t.w; ++j) odd[j] = src[2 * j + 1];
+    }
+    T* mk = m + int64_t(k) * ld + col0;
+    const T *d00 = q[0][0], *d01 = q[0][1], *d10 = q[1][0], *d11 = q[1][1];
+#pragma GCC ivdep
+    for (int64_t p = 0; p < per; ++p) {
+      // A d: rows d0, d0 + d1, d0 - d1, -d1; then the same along columns.
+      const T r[4][2] = {{d00[p], d01[p]},
+                         {d00[p] + d10[p], d01[p] + d11[p]},
+                         {d00[p] - d10[p], d01[p] - d11[p]},
+                         {-d10[p], -d11[p]}};
+      for (int a = 0; a < 4; ++a) {
+        mk[(a * 4 + 0) * plane + p] = r[a][0];
+        mk[(a * 4 + 1) * plane + p] = r[a][0] + r[a][1];
+        mk[(a * 4 + 2) * plane + p] = r[a][0] - r[a][1];
+        mk[(a * 4 + 3) * plane + p] = -r[a][1];
+      }
+    }
+  }
+}
+
+// dw[k][c] += G^T dU G: from the gradient of the transformed kernels (16
+// planes of K x C) to the 3x3 kernels', the adjoint of transform_weights.
+template <typename T>
+void transform_weights_grad(int K, int C, const T* du, T* dw) {
+  const int64_t plane = int64_t(K) * C;
+  for (int k = 0; k < K; ++k)
+    for (int c = 0; c < C; ++c) {
+      const T* src = du + int64_t(k) * C + c;
+      T x[4][4];
+      for (int xi = 0; xi < 16; ++xi) x[xi / 4][xi % 4] = src[xi * plane];
+      T t3[3][4];  // G^T X: rows 0 + (1 + 2) / 2, (1 - 2) / 2, (1 + 2) / 2 + 3
+      for (int b = 0; b < 4; ++b) {
+        t3[0][b] = x[0][b] + T(0.5) * (x[1][b] + x[2][b]);
+        t3[1][b] = T(0.5) * (x[1][b] - x[2][b]);
+        t3[2][b] = T(0.5) * (x[1][b] + x[2][b]) + x[3][b];
+      }
+      T* out = dw + (int64_t(k) * C + c) * 9;
+      for (int r = 0; r < 3; ++r) {
+        out[r * 3 + 0] += t3[r][0] + T(0.5) * (t3[r][1] + t3[r][2]);
+        out[r * 3 + 1] += T(0.5) * (t3[r][1] - t3[r][2]);
+        out[r * 3 + 2] += T(0.5) * (t3[r][1] + t3[r][2]) + t3[r][3];
+      }
+    }
+}
+
+// Images per chunk: at least kWinogradMinColumns tiles, at most an even
+// share of the batch so that every thread gets a chunk.
+int winograd_chunk(int batch, int64_t per, int threads) {
+  const int64_t share = (int64_t(batch) + threads - 1) / threads;
+  return int(std::clamp<int64_t>((kWinogradMinColumns + per - 1) / per, 1, share));
+}
+
 // y = conv3x3(x) + bias over a batch of C-channel images, from U (transform_weights).
 template <typename T>
 void winograd_run(int batch, int C, int K, const Tiles& t, const T* x, const T* u, const T* bias, T* y,
                   ConvScratch<T>& s, ThreadPool* pool) {
   const int64_t per = t.per_image();
-  const int threads = conv_threads(pool);
-  const int64_t share = (int64_t(batch) + threads - 1) / threads;
-  const int chunk = int(std::clamp<int64_t>((kWinogradMinColumns + per - 1) / per, 1, share));
+  const int threads = conv_threads(pool), chunk = winograd_chunk(batch, per, threads);
   const int64_t max_ld = aligned_stride<T>(int64_t(chunk) * per);
   const size_t row = transform_scratch(t);
   if (int(s.thread.size()) < threads) s.thread.resize(threads);
@@ -236,6 +304,60 @@ void winograd_run(int batch, int C, int K, const Tiles& t, const T* x, const T* 
   });
 }
 
+// dw += d(loss)/d(kernels), db += d(loss)/d(bias): for every chunk the 16
+// GEMMs dU[xi] (K x C) += dM[xi] (K x tiles) V[xi]^T (tiles x C), then
+// transform_weights_grad once. Chunk c adds into group c % groups's dU, the
+// groups are added in order at the end (Note [deterministic sums]).
+template <typename T>
+void winograd_weight_grad(int batch, int C, int K, const Tiles& t, const T* x, const T* dy, T* dw, T* db,
+                          ConvScratch<T>& s, ThreadPool* pool) {
+  const int64_t per = t.per_image();
+  const int threads = conv_threads(pool), chunk = winograd_chunk(batch, per, threads);
+  const int64_t max_ld = aligned_stride<T>(int64_t(chunk) * per);
+  const size_t row = transform_scratch(t);
+  if (int(s.thread.size()) < threads) s.thread.resize(threads);
+  for (int th = 0; th < threads; ++th)
+    reserve_aligned(s.thread[th], size_t(16) * size_t(C + K) * size_t(max_ld) + row + size_t(kRowAlignBytes));
+  const int64_t chunks = (batch + chunk - 1) / chunk;
+  const int groups = int(std::min<int64_t>(threads, chunks));
+  const size_t grad_size = size_t(16) * K * C + size_t(K);  // dU | db
+  if (int(s.grad.size()) < groups) s.grad.resize(groups);
+  for (int k = 0; k < groups; ++k) s.grad[k].assign(grad_size, T(0));
+  const int64_t in_img = int64_t(C) * t.h * t.w, out_img = int64_t(K) * t.h * t.w;
+  SerialBlas serial;
+  auto run_chunk = [&](int64_t c, int group, int th) {
+    const int n0 = int(c * chunk), nb = std::min(chunk, batch - n0);
+    T* v = align_up(s.thread[th].data());
+    T* m = v + int64_t(16) * C * max_ld;
+    T* tmp = m + int64_t(16) * K * max_ld;
+    T* du = s.grad[group].data();
+    const int64_t n = nb * per, ld = aligned_stride<T>(n);
+    for (int i = 0; i < nb; ++i) {
+      transform_input(t, C, x + (n0 + i) * in_img, i * per, ld, v, tmp);
+      transform_output_grad(t, K, dy + (n0 + i) * out_img, i * per, ld, m, tmp);
+    }
+    for (int xi = 0; xi < 16; ++xi)
+      gemm(false, true, K, C, int(n), T(1), m + int64_t(xi) * K * ld, int(ld), v + int64_t(xi) * C * ld, int(ld),
+           T(1), du + int64_t(xi) * K * C, C);
+    if (db)
+      for (int i = 0; i < nb; ++i)
+        for (int k = 0; k < K; ++k) du[size_t(16) * K * C + k] += row_sum(dy + (n0 + i) * out_img + int64_t(k) * t.h * t.w, t.h * t.w);
+  };
+  auto run_group = [&](int64_t group, int th) {
+    for (int64_t c = group; c < chunks; c += groups) run_chunk(c, int(group), th);
+  };
+  if (groups == 1) {
+    run_group(0, 0);
+  } else {
+    pool->parallel_for(groups, run_group);
+    for (int k = 1; k < groups; ++k)
+      for (size_t i = 0; i < grad_size; ++i) s.grad[0][i] += s.grad[k][i];
+  }
+  transform_weights_grad(K, C, s.grad[0].data(), dw);
+  if (db)
+    for (int k = 0; k < K; ++k) db[k] += s.grad[0][size_t(16) * K * C + k];
+}
+
 }  // namespace
 
 bool winograd_applies(const ConvGeom& g) {
@@ -254,10 +376,12 @@ void winograd_conv3x3_forward(const ConvGeom& g, const T* x, const T* w, const T
 }
 
 template <typename T>
-void winograd_conv3x3_backward_data(const ConvGeom& g, const T* w, const T* dy, T* dx, ConvScratch<T>& s,
-                                    ThreadPool* pool) {
+void winograd_conv3x3_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
+                               ConvScratch<T>& s, ThreadPool* pool) {
   check_conv_geom(g);
   if (g.batch == 0) return;
+  winograd_weight_grad(g.batch, g.in_c, g.out_c, tiles_of(g.in_h, g.in_w), x, dy, dw, db, s, pool);
+  if (!dx) return;
   s.winograd_weights.resize(size_t(16) * g.out_c * g.in_c);
   transform_weights(g.out_c, g.in_c, w, /*flip=*/true, s.winograd_weights.data());
   winograd_run(g.batch, g.out_c, g.in_c, tiles_of(g.in_h, g.in_w), dy, s.winograd_weights.data(),
@@ -268,9 +392,9 @@ template void winograd_conv3x3_forward<float>(const ConvGeom&, const float*, con
                                               ConvScratch<float>&, ThreadPool*);
 template void winograd_conv3x3_forward<double>(const ConvGeom&, const double*, const double*, const double*,
                                                double*, ConvScratch<double>&, ThreadPool*);
-template void winograd_conv3x3_backward_data<float>(const ConvGeom&, const float*, const float*, float*,
-                                                    ConvScratch<float>&, ThreadPool*);
-template void winograd_conv3x3_backward_data<double>(const ConvGeom&, const double*, const double*, double*,
-                                                     ConvScratch<double>&, ThreadPool*);
+template void winograd_conv3x3_backward<float>(const ConvGeom&, const float*, const float*, const float*, float*,
+                                               float*, float*, ConvScratch<float>&, ThreadPool*);
+template void winograd_conv3x3_backward<double>(const ConvGeom&, const double*, const double*, const double*,
+                                                double*, double*, double*, ConvScratch<double>&, ThreadPool*);
 
 }  // namespace ddp::nn::cpu

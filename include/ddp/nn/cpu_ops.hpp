@@ -52,15 +52,15 @@ void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* 
 // 3x3 convolutions with stride 1 and padding 1 by Winograd's F(2x2, 3x3)
 // (Note [winograd] in winograd_cpu.cpp): conv2d_forward and conv2d_backward
 // take this path for the layers where winograd_applies, im2col's otherwise.
-// The weight gradient is always im2col's.
 bool winograd_applies(const ConvGeom& g);
 template <typename T>
 void winograd_conv3x3_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, ConvScratch<T>& s,
                               ThreadPool* pool = nullptr);
-// dx (overwritten) from dy.
+// As conv2d_backward: adds into dw and db (nullptr: none), overwrites dx
+// (nullptr: not wanted).
 template <typename T>
-void winograd_conv3x3_backward_data(const ConvGeom& g, const T* w, const T* dy, T* dx, ConvScratch<T>& s,
-                                    ThreadPool* pool = nullptr);
+void winograd_conv3x3_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
+                               ConvScratch<T>& s, ThreadPool* pool = nullptr);
 
 // conv2d -> ReLU -> 2x2 average pooling (stride 2, floor), fused: the conv
 // output never leaves cache; what backward needs of it is one bit per element
