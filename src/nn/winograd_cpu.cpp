@@ -278,23 +278,41 @@ int winograd_chunk(int batch, int64_t per, int threads) {
   return int(std::clamp<int64_t>((kWinogradMinColumns + per - 1) / per, 1, share));
 }
 
+// A thread's buffers for a chunk: V (16 x C x ld), M (16 x K x ld) and the
+// transforms' scratch. reserve_buffers makes them for chunks of `chunk`
+// images on `threads` threads and returns their row stride.
+template <typename T>
+int64_t reserve_buffers(ConvScratch<T>& s, int threads, int C, int K, const Tiles& t, int chunk) {
+  const int64_t max_ld = aligned_stride<T>(int64_t(chunk) * t.per_image());
+  if (int(s.thread.size()) < threads) s.thread.resize(threads);
+  for (int th = 0; th < threads; ++th)
+    reserve_aligned(s.thread[th], size_t(16) * size_t(C + K) * size_t(max_ld) + transform_scratch(t));
+  return max_ld;
+}
+
+template <typename T>
+struct Buffers {
+  T *v, *m, *tmp;
+};
+
+template <typename T>
+Buffers<T> buffers(ConvScratch<T>& s, int th, int C, int K, int64_t max_ld) {
+  T* v = align_up(s.thread[size_t(th)].data());
+  T* m = v + int64_t(16) * C * max_ld;
+  return {v, m, m + int64_t(16) * K * max_ld};
+}
+
 // y = conv3x3(x) + bias over a batch of C-channel images, from U (transform_weights).
 template <typename T>
 void winograd_run(int batch, int C, int K, const Tiles& t, const T* x, const T* u, const T* bias, T* y,
                   ConvScratch<T>& s, ThreadPool* pool) {
   const int64_t per = t.per_image();
   const int threads = conv_threads(pool), chunk = winograd_chunk(batch, per, threads);
-  const int64_t max_ld = aligned_stride<T>(int64_t(chunk) * per);
-  const size_t row = transform_scratch(t);
-  if (int(s.thread.size()) < threads) s.thread.resize(threads);
-  for (int th = 0; th < threads; ++th)
-    reserve_aligned(s.thread[th], size_t(16) * size_t(C + K) * size_t(max_ld) + row + size_t(kRowAlignBytes));
+  const int64_t max_ld = reserve_buffers(s, threads, C, K, t, chunk);
   const int64_t in_img = int64_t(C) * t.h * t.w, out_img = int64_t(K) * t.h * t.w;
   SerialBlas serial;
   for_each_chunk(pool, threads, batch, chunk, [&](int n0, int nb, int th) {
-    T* v = align_up(s.thread[th].data());
-    T* m = v + int64_t(16) * C * max_ld;
-    T* tmp = m + int64_t(16) * K * max_ld;
+    const auto [v, m, tmp] = buffers(s, th, C, K, max_ld);
     const int64_t n = nb * per, ld = aligned_stride<T>(n);
     for (int i = 0; i < nb; ++i) transform_input(t, C, x + (n0 + i) * in_img, i * per, ld, v, tmp);
     for (int xi = 0; xi < 16; ++xi)
@@ -313,11 +331,7 @@ void winograd_weight_grad(int batch, int C, int K, const Tiles& t, const T* x, c
                           ConvScratch<T>& s, ThreadPool* pool) {
   const int64_t per = t.per_image();
   const int threads = conv_threads(pool), chunk = winograd_chunk(batch, per, threads);
-  const int64_t max_ld = aligned_stride<T>(int64_t(chunk) * per);
-  const size_t row = transform_scratch(t);
-  if (int(s.thread.size()) < threads) s.thread.resize(threads);
-  for (int th = 0; th < threads; ++th)
-    reserve_aligned(s.thread[th], size_t(16) * size_t(C + K) * size_t(max_ld) + row + size_t(kRowAlignBytes));
+  const int64_t max_ld = reserve_buffers(s, threads, C, K, t, chunk);
   const int64_t chunks = (batch + chunk - 1) / chunk;
   const int groups = int(std::min<int64_t>(threads, chunks));
   const size_t grad_size = size_t(16) * K * C + size_t(K);  // dU | db
@@ -327,9 +341,7 @@ void winograd_weight_grad(int batch, int C, int K, const Tiles& t, const T* x, c
   SerialBlas serial;
   auto run_chunk = [&](int64_t c, int group, int th) {
     const int n0 = int(c * chunk), nb = std::min(chunk, batch - n0);
-    T* v = align_up(s.thread[th].data());
-    T* m = v + int64_t(16) * C * max_ld;
-    T* tmp = m + int64_t(16) * K * max_ld;
+    const auto [v, m, tmp] = buffers(s, th, C, K, max_ld);
     T* du = s.grad[group].data();
     const int64_t n = nb * per, ld = aligned_stride<T>(n);
     for (int i = 0; i < nb; ++i) {
