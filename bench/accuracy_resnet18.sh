@@ -9,11 +9,11 @@
 # weights, and one run's eval-mode accuracy jumps by up to 0.2 between
 # epochs on either side; compare means over seeds, not single runs.
 #
-# Usage: bench/accuracy_resnet18.sh [epochs (10)] [seeds (3)]
+# Usage: bench/accuracy_resnet18.sh [epochs (10)] [seeds (5)]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 epochs=${1:-10}
-seeds=${2:-3}
+seeds=${2:-5}
 data=${DDP_DATA_DIR:-$root/../shared/data/fashion-mnist-subset}
 bin=${DDP_TRAIN:-$root/build/bin/ddp_train}
 venv=${DDP_BENCH_VENV:-$root/../.ddp-bench-venv}
