@@ -231,8 +231,10 @@ void check_compatible(const std::string& path, const std::map<std::string, std::
               ", this run has ", v);
   };
   // The model first: another model differs in everything derived from it,
-  // and its name says more than a fingerprint.
-  if (const auto m = current.find("model"); m != current.end()) check(m->first, m->second);
+  // and its name says more than a fingerprint; so does the optimizer, for
+  // its settings.
+  for (const char* first : {"model", "optimizer"})
+    if (const auto m = current.find(first); m != current.end()) check(m->first, m->second);
   for (const auto& [k, v] : current) check(k, v);
 }
 

@@ -41,11 +41,39 @@ void validate(const train::Config& c, int world_size) {
         " is the global batch and must be divisible by the world size ", world_size, " (",
         c.batch_size, " % ", world_size, " = ", c.batch_size % world_size, ")");
   usage(std::isfinite(c.lr) && c.lr > 0, "--lr must be a positive number, got ", c.lr);
+  usage(c.optimizer == "sgd" || c.optimizer == "adamw", "--optimizer must be sgd or adamw, got '", c.optimizer,
+        "'");
   usage(std::isfinite(c.momentum) && c.momentum >= 0 && c.momentum < 1, "--momentum must be in [0, 1), got ",
         c.momentum);
   usage(!c.nesterov || c.momentum > 0, "--nesterov needs --momentum > 0");
+  usage(c.optimizer == "sgd" || (c.momentum == 0 && !c.nesterov),
+        "--momentum and --nesterov are SGD's; AdamW's moments are set by --betas");
   usage(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "--weight-decay must be >= 0, got ",
         c.weight_decay);
+  usage(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1, "--betas ", c.beta1, ",", c.beta2,
+        ": each must be in [0, 1)");
+  usage(std::isfinite(c.eps) && c.eps > 0, "--eps must be a positive number, got ", c.eps);
+  usage(c.lr_schedule == "constant" || c.lr_schedule == "step" || c.lr_schedule == "cosine",
+        "--lr-schedule must be constant, step or cosine, got '", c.lr_schedule, "'");
+  range("warmup-steps", c.warmup_steps, int64_t(0), int64_t(1) << 40, " steps");
+  usage(c.lr_schedule == "step" || c.lr_step_size == 0, "--lr-step-size is for --lr-schedule step, not ",
+        c.lr_schedule);
+  usage(c.lr_schedule != "step" || c.lr_step_size > 0,
+        "--lr-schedule step needs --lr-step-size N (optimizer steps between decays)");
+  range("lr-step-size", c.lr_step_size, int64_t(0), int64_t(1) << 40, " steps");
+  usage(std::isfinite(c.lr_gamma) && c.lr_gamma > 0 && c.lr_gamma <= 1, "--lr-gamma must be in (0, 1], got ",
+        c.lr_gamma);
+  usage(c.lr_schedule == "cosine" || c.lr_min == 0, "--lr-min is for --lr-schedule cosine, not ", c.lr_schedule);
+  usage(std::isfinite(c.lr_min) && c.lr_min >= 0 && c.lr_min <= c.lr, "--lr-min must be from 0 to --lr (", c.lr,
+        "), got ", c.lr_min);
+  range("accumulate", c.accumulate, 1, kMaxBatch);
+  if (c.batch_size % world_size == 0) {
+    const int per_rank = c.batch_size / world_size;
+    usage(per_rank % c.accumulate == 0, "--accumulate ", c.accumulate, " must divide the ", per_rank,
+          " samples each rank takes per step (--batch-size ", c.batch_size, " over ", world_size, " ranks)");
+  }
+  usage(std::isfinite(c.clip_grad_norm) && c.clip_grad_norm >= 0,
+        "--clip-grad-norm must be a positive number (0: no clipping), got ", c.clip_grad_norm);
   usage(c.bucket_cap_mb > 0 && c.bucket_cap_mb <= kMaxBucketCapMb, "--bucket-cap-mb ", c.bucket_cap_mb,
         " is out of range: it must be more than 0 and at most ", kMaxBucketCapMb, " (MiB)");
   range("timeout", c.timeout_sec, kMinTimeoutSec, kMaxTimeoutSec, " seconds");
@@ -114,9 +142,21 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     ("epochs", "epochs to train (default " + std::to_string(c.epochs) + ")", text())
     ("batch-size", "GLOBAL batch size, split evenly over ranks (default " + std::to_string(c.batch_size) + ")", text())
     ("lr", "learning rate (default 0.2)", text())
+    ("optimizer", "sgd or adamw (torch.optim.SGD / AdamW)", cxxopts::value(c.optimizer)->default_value(c.optimizer))
     ("momentum", "SGD momentum (default 0)", text())
     ("nesterov", "Nesterov momentum", cxxopts::value(c.nesterov))
-    ("weight-decay", "L2 weight decay (default 0)", text())
+    ("weight-decay", "weight decay: SGD's L2 term (default 0), AdamW's decoupled decay (default 0.01)", text())
+    ("betas", "AdamW's B1,B2 (default 0.9,0.999)", text())
+    ("eps", "AdamW's epsilon (default 1e-8)", text())
+    ("no-decay-norm-bias", "no weight decay on biases and BatchNorm parameters", cxxopts::value(c.no_decay_norm_bias))
+    ("lr-schedule", "constant, step or cosine, over optimizer steps", cxxopts::value(c.lr_schedule)->default_value(c.lr_schedule))
+    ("warmup-steps", "linear warm-up over the first N steps (default 0)", text())
+    ("lr-step-size", "step schedule: multiply the rate by --lr-gamma every N steps", text())
+    ("lr-gamma", "step schedule's factor (default 0.1)", text())
+    ("lr-min", "cosine schedule's rate at the last step (default 0)", text())
+    ("scale-lr", "linear scaling rule: lr x global batch / 256", cxxopts::value(c.scale_lr))
+    ("accumulate", "micro-batches per optimizer step; only the last all-reduces (default 1)", text())
+    ("clip-grad-norm", "clip the global gradient L2 norm to X after the all-reduce (default 0: off)", text())
     ("seed", "seed of initial weights, shuffling and synthetic data (default 0)", text())
     ("backend", "auto, mpi or nccl", cxxopts::value(c.backend)->default_value(c.backend))
     ("device", "auto, cpu or cuda", cxxopts::value(c.device)->default_value(c.device))
@@ -153,6 +193,29 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     read_number(result, "lr", c.lr);
     read_number(result, "momentum", c.momentum);
     read_number(result, "weight-decay", c.weight_decay);
+    if (c.optimizer == "adamw" && !result.count("weight-decay")) c.weight_decay = 0.01;  // torch.optim.AdamW's
+    if (result.count("betas")) {
+      const std::string b = result["betas"].as<std::string>();
+      const size_t comma = b.find(',');
+      size_t u1 = 0, u2 = 0;
+      try {
+        c.beta1 = std::stod(b.substr(0, comma), &u1);
+        if (comma != std::string::npos) c.beta2 = std::stod(b.substr(comma + 1), &u2);
+      } catch (const std::exception&) {
+        u1 = 0;
+      }
+      if (comma == std::string::npos || u1 != comma || u2 != b.size() - comma - 1)
+        throw UsageError("--betas: '" + b + "' is not two numbers B1,B2 (e.g. 0.9,0.999)");
+    }
+    read_number(result, "eps", c.eps);
+    if (c.optimizer != "adamw" && (result.count("betas") || result.count("eps")))
+      throw UsageError("--betas and --eps are AdamW's; add --optimizer adamw");
+    read_number(result, "warmup-steps", c.warmup_steps);
+    read_number(result, "lr-step-size", c.lr_step_size);
+    read_number(result, "lr-gamma", c.lr_gamma);
+    read_number(result, "lr-min", c.lr_min);
+    read_number(result, "accumulate", c.accumulate);
+    read_number(result, "clip-grad-norm", c.clip_grad_norm);
     read_number(result, "seed", c.seed);
     read_number(result, "bucket-cap-mb", c.bucket_cap_mb);
     read_number(result, "timeout", c.timeout_sec);

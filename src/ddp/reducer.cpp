@@ -139,6 +139,8 @@ ReducerStats Reducer::finish() {
 
 void Reducer::launch(size_t k) {
   const Bucket& b = buckets_[k];
+  ++launches_;
+  launched_bytes_ += int64_t((b.end - b.begin) * sizeof(float));
   work_[k] = comm_.allreduce_async(
       grads_ + b.begin, b.end - b.begin, comm::ReduceOp::Avg,
       detail::concat("all-reduce of bucket ", k, " of ", buckets_.size(), " (parameters ",

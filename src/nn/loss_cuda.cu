@@ -9,6 +9,7 @@
 #include "ddp/core/error.hpp"          // DDP_CHECK
 #include "ddp/nn/cuda_device.hpp"
 #include "ddp/nn/kernel_math.hpp"      // argmax_row, softmax_xent_row
+#include "ddp/runtime/block_sum.cuh"  // block_sum
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK_LAUNCH
 
 namespace ddp::nn {
@@ -17,26 +18,17 @@ namespace {
 
 constexpr int kThreads = 256;  // a power of two: the block sum halves it
 
-// Block sum of v into s (kThreads entries); the result is in s[0] for thread 0.
-__device__ void block_sum(double* s, double v) {
-  s[threadIdx.x] = v;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) s[threadIdx.x] += s[threadIdx.x + half];
-    __syncthreads();
-  }
-}
-
 // With kLoss: writes d(mean loss)/d(logits) (if dlogits) and adds the summed
 // loss to *loss_sum (NaN for a label outside [0, classes): softmax_xent_row);
 // always adds the rows whose arg-max is the label to *correct.
 template <bool kLoss>
 __global__ void __launch_bounds__(kThreads)
     rows_kernel(const float* __restrict__ logits, const int32_t* __restrict__ labels, int batch, int classes,
-                float* __restrict__ dlogits, double* __restrict__ loss_sum, double* __restrict__ correct) {
+                float* __restrict__ dlogits, double* __restrict__ loss_sum, double* __restrict__ correct,
+                int grad_batch) {
   __shared__ double s[kThreads];
   double loss = 0.0, right = 0.0;
-  const double inv_batch = 1.0 / batch;
+  const double inv_batch = 1.0 / grad_batch;
   for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < batch; r += gridDim.x * blockDim.x) {
     const float* z = logits + int64_t(r) * classes;
     const int best = kernel::argmax_row(z, classes);
@@ -46,11 +38,11 @@ __global__ void __launch_bounds__(kThreads)
                                        dlogits ? dlogits + int64_t(r) * classes : nullptr);
   }
   if (kLoss) {
-    block_sum(s, loss);
+    cuda::block_sum<kThreads>(s, loss);
     if (threadIdx.x == 0) atomicAdd(loss_sum, s[0]);
     __syncthreads();  // s is reused below
   }
-  block_sum(s, right);
+  cuda::block_sum<kThreads>(s, right);
   if (threadIdx.x == 0) atomicAdd(correct, s[0]);
 }
 
@@ -59,12 +51,12 @@ unsigned grid_for(int batch) { return unsigned(std::min((batch + kThreads - 1) /
 }  // namespace
 
 void softmax_cross_entropy_cuda(const float* logits, const int32_t* labels, int batch, int classes, float* dlogits,
-                                double* sums, cudaStream_t stream) {
+                                double* sums, cudaStream_t stream, int grad_batch) {
   DDP_CHECK(classes > 0, "softmax_cross_entropy_cuda: classes must be positive, got ", classes);
   DDP_CHECK(batch > 0, "softmax_cross_entropy_cuda: empty batch");
   DDP_CHECK(logits && labels && sums, "softmax_cross_entropy_cuda: null logits, labels or sums");
   rows_kernel<true><<<grid_for(batch), kThreads, 0, stream>>>(logits, labels, batch, classes, dlogits, sums,
-                                                              sums + 1);
+                                                              sums + 1, grad_batch > 0 ? grad_batch : batch);
   DDP_CUDA_CHECK_LAUNCH(rows_kernel<true>);
 }
 
@@ -74,7 +66,7 @@ void count_correct_cuda(const float* logits, const int32_t* labels, int batch, i
   if (batch <= 0) return;
   DDP_CHECK(logits && labels && correct, "count_correct_cuda: null logits, labels or correct");
   rows_kernel<false><<<grid_for(batch), kThreads, 0, stream>>>(logits, labels, batch, classes, nullptr, nullptr,
-                                                               correct);
+                                                               correct, batch);
   DDP_CUDA_CHECK_LAUNCH(rows_kernel<false>);
 }
 

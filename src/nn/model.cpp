@@ -199,8 +199,9 @@ void Model::backward(const float* dlogits, int batch, const std::function<void(s
   }
 }
 
-float softmax_cross_entropy(const float* logits, const int32_t* labels, int batch, int classes, float* dlogits) {
-  return cpu::softmax_cross_entropy<float>(logits, labels, batch, classes, dlogits);
+float softmax_cross_entropy(const float* logits, const int32_t* labels, int batch, int classes, float* dlogits,
+                            int grad_batch) {
+  return cpu::softmax_cross_entropy<float>(logits, labels, batch, classes, dlogits, grad_batch);
 }
 
 int64_t count_correct(const float* logits, const int32_t* labels, int batch, int classes) {

@@ -23,8 +23,8 @@ class Replica::Stats final : public nn::StatsReducer {
   Backend& backend_;
 };
 
-Replica::Replica(const Config& cfg, std::unique_ptr<Backend> backend, nn::Graph graph)
-    : backend_(std::move(backend)) {
+Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<Backend> backend, nn::Graph graph)
+    : backend_(std::move(backend)), accumulate_(cfg.accumulate) {
   if (cfg.sync_bn) stats_ = std::make_unique<Stats>(*backend_);
   nn::Device& dev = backend_->device();
   model_ = std::make_unique<nn::Model>(std::move(graph), dev, stats_.get());
@@ -32,8 +32,7 @@ Replica::Replica(const Config& cfg, std::unique_ptr<Backend> backend, nn::Graph 
   std::vector<size_t> numels;
   for (const auto& p : g.params) numels.push_back(p.numel);
   reducer_ = std::make_unique<Reducer>(backend_->comm(), model_->grads(), numels, cfg.bucket_cap_mb, cfg.overlap);
-  sgd_ = optim::SgdOptions{cfg.lr, cfg.momentum, 0.0, cfg.weight_decay, cfg.nesterov};
-  if (sgd_.momentum != 0) momentum_ = dev.alloc(g.num_params);
+  optimizer_ = std::make_unique<optim::Optimizer>(opt, g.params, dev, backend_->optim_kernels());
   classes_ = static_cast<int>(g.output_shape().numel());
   dlogits_ = dev.alloc(size_t(cfg.batch_size) * size_t(classes_));
 }
@@ -42,22 +41,13 @@ Replica::~Replica() = default;
 
 void Replica::push(const TrainState& s) {
   model_->set_state(s.model);
-  momentum_started_ = momentum_ && !s.momentum.empty();
-  if (momentum_started_) {
-    DDP_CHECK(s.momentum.size() == model_->num_params(), "momentum of ", s.momentum.size(), " values for ",
-              model_->num_params(), " parameters");
-    backend_->device().from_host(momentum_->data(), s.momentum.data(), s.momentum.size());
-  }
+  optimizer_->set_state(s.optimizer);
 }
 
 void Replica::pull(TrainState& s) {
   backend_->sync("reading the model back");
   model_->get_state(s.model);
-  s.momentum.clear();
-  if (momentum_started_) {
-    s.momentum.resize(model_->num_params());
-    backend_->device().to_host(s.momentum.data(), momentum_->data(), s.momentum.size());
-  }
+  optimizer_->get_state(s.optimizer);
 }
 
 void Replica::push_buffers(const nn::ModelState& s) { model_->set_buffers(s); }
@@ -67,27 +57,39 @@ void Replica::pull_buffers(nn::ModelState& s) {
   model_->get_buffers(s);
 }
 
-StepHealth Replica::train_step(const data::Batch& b) {
+StepHealth Replica::train_step(const data::Batch& b, double lr) {
   DDP_CHECK(size_t(b.size) * size_t(classes_) <= dlogits_->size(), "a batch of ", b.size,
             " is larger than the global batch");
+  DDP_CHECK(b.size % accumulate_ == 0, "a batch of ", b.size, " does not split into ", accumulate_,
+            " micro-batches (--accumulate)");
   const auto [x, y] = backend_->stage(b);
+  const int micro = b.size / accumulate_;
+  const size_t sample = b.x.size() / size_t(b.size);
   model_->zero_grads();
-  const float* logits = model_->forward(x, b.size, nn::Mode::Train);
   StepHealth health;
-  if (const auto loss = backend_->loss(logits, y, b.size, classes_, dlogits_->data())) {
-    health.loss = *loss;
-    health.loss_finite = std::isfinite(*loss);
+  const int64_t launched = reducer_->launches(), bytes = reducer_->launched_bytes();
+  // Note [gradient accumulation] (nn/device.hpp): backward adds into the
+  // gradient buffer, so micro-batches sum there; each one's d(loss) is taken
+  // over the whole step's samples, so the sum is the step's mean gradient.
+  // Only the last backward communicates (no_sync before it).
+  for (int k = 0; k < accumulate_; ++k) {
+    const bool last = k == accumulate_ - 1;
+    const float* logits = model_->forward(x + size_t(k) * micro * sample, micro, nn::Mode::Train);
+    if (const auto loss = backend_->loss(logits, y + size_t(k) * micro, micro, classes_, dlogits_->data(), b.size)) {
+      health.loss += *loss / accumulate_;
+      health.loss_finite = health.loss_finite && std::isfinite(*loss);
+    }
+    reducer_->set_sync(last);
+    reducer_->begin_backward();
+    model_->backward(dlogits_->data(), micro, [this](size_t n) { reducer_->grads_ready(n); });
+    if (!last) reducer_->finish();  // communicates nothing
   }
-  reducer_->begin_backward();
-  model_->backward(dlogits_->data(), b.size, [this](size_t n) { reducer_->grads_ready(n); });
   comm_wait_ += reducer_->finish().wait_sec;
+  allreduces_ += double(reducer_->launches() - launched);
+  allreduce_bytes_ += double(reducer_->launched_bytes() - bytes);
   if (backend_->checks_every_step())
     health.grads_finite = backend_->all_finite(model_->grads(), model_->num_params());
-  if (health.grads_finite) {
-    backend_->sgd_step(sgd_, !momentum_started_, model_->num_params(), model_->params(), model_->grads(),
-                       momentum_ ? momentum_->data() : nullptr);
-    if (momentum_) momentum_started_ = true;
-  }
+  if (health.grads_finite) optimizer_->step(lr, model_->params(), model_->grads());
   backend_->batch_done();
   return health;
 }
@@ -99,6 +101,9 @@ StepSums Replica::take_sums() {
   out.correct = std::exchange(correct_, 0.0) + h[1];
   eval_correct_ += h[2];
   out.comm_wait = std::exchange(comm_wait_, 0.0);
+  out.grad_norm = optimizer_->take_norm_sum();  // after the backend's wait above
+  out.allreduces = std::exchange(allreduces_, 0.0);
+  out.allreduce_bytes = std::exchange(allreduce_bytes_, 0.0);
   return out;
 }
 

@@ -25,8 +25,8 @@ class CpuBackend final : public Backend {
   void batch_done() override {}
 
   std::optional<double> loss(const float* logits, const int32_t* labels, int batch, int classes,
-                             float* dlogits) override {
-    const float loss = nn::softmax_cross_entropy(logits, labels, batch, classes, dlogits);
+                             float* dlogits, int grad_batch) override {
+    const float loss = nn::softmax_cross_entropy(logits, labels, batch, classes, dlogits, grad_batch);
     sums_[0] += double(loss) * batch;
     sums_[1] += double(nn::count_correct(logits, labels, batch, classes));
     return loss;
@@ -38,14 +38,12 @@ class CpuBackend final : public Backend {
 
   bool checks_every_step() const override { return true; }
   bool all_finite(const float* p, size_t n) override { return first_non_finite(p, n) == n; }
-  void sgd_step(const optim::SgdOptions& opt, bool first, size_t n, float* p, const float* g,
-                float* momentum) override {
-    optim::sgd_step(opt, first, n, p, g, momentum);
-  }
+  optim::Kernels& optim_kernels() override { return *kernels_; }
 
  private:
   std::unique_ptr<comm::Communicator> comm_;
   std::unique_ptr<nn::Device> device_;
+  std::unique_ptr<optim::Kernels> kernels_ = optim::make_cpu_kernels();
   std::vector<double> sums_ = std::vector<double>(3, 0.0);  // loss, correct, evaluation correct
 };
 

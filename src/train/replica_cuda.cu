@@ -26,7 +26,7 @@
 #include "ddp/core/error.hpp"                // DDP_CHECK, UsageError
 #include "ddp/core/finite.hpp"               // first_non_finite
 #include "ddp/nn/cuda_device.hpp"            // make_cuda_device, loss kernels
-#include "ddp/optim/sgd_cuda.hpp"            // sgd_step_cuda
+#include "ddp/optim/kernels.hpp"             // make_cuda_kernels
 #include "ddp/runtime/cuda_check.hpp"        // DDP_CUDA_CHECK
 #include "ddp/runtime/cuda_context.hpp"      // Context, set_device
 #include "ddp/runtime/device.hpp"            // find_shared_gpu
@@ -95,6 +95,7 @@ class CudaBackend final : public Backend {
     }
     comm_->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_sec * 1000)));
     device_ = nn::make_cuda_device(*ctx_);
+    kernels_ = optim::make_cuda_kernels(ctx_->compute());
     sums_ = static_cast<double*>(ctx_->alloc(3 * sizeof(double)));
     DDP_CUDA_CHECK(cudaMemsetAsync(sums_, 0, 3 * sizeof(double), ctx_->compute()));
     for (PinnedSlot& s : slots_) {
@@ -110,6 +111,7 @@ class CudaBackend final : public Backend {
     // the process ends in a moment and takes the GPU state with it.
     if (std::uncaught_exceptions() > 0) {
       static_cast<void>(comm_.release());
+      static_cast<void>(kernels_.release());
       static_cast<void>(device_.release());
       static_cast<void>(ctx_.release());
       return;
@@ -126,7 +128,10 @@ class CudaBackend final : public Backend {
       } catch (...) {
       }
     }
-    if (!idle) return;
+    if (!idle) {
+      static_cast<void>(kernels_.release());
+      return;
+    }
     for (PinnedSlot& s : slots_) {
       if (s.host) cudaFreeHost(s.host);
       if (s.dev) cudaFree(s.dev);
@@ -175,8 +180,8 @@ class CudaBackend final : public Backend {
   void batch_done() override { DDP_CUDA_CHECK(cudaEventRecord(slots_[current_].free, ctx_->compute())); }
 
   std::optional<double> loss(const float* logits, const int32_t* labels, int batch, int classes,
-                             float* dlogits) override {
-    nn::softmax_cross_entropy_cuda(logits, labels, batch, classes, dlogits, sums_, ctx_->compute());
+                             float* dlogits, int grad_batch) override {
+    nn::softmax_cross_entropy_cuda(logits, labels, batch, classes, dlogits, sums_, ctx_->compute(), grad_batch);
     return std::nullopt;  // on the device until take_sums
   }
   void count_correct(const float* logits, const int32_t* labels, int batch, int classes) override {
@@ -201,10 +206,7 @@ class CudaBackend final : public Backend {
     return first_non_finite(h.data(), n) == n;
   }
 
-  void sgd_step(const optim::SgdOptions& opt, bool first, size_t n, float* p, const float* g,
-                float* momentum) override {
-    optim::sgd_step_cuda(opt, first, n, p, g, momentum, ctx_->compute());
-  }
+  optim::Kernels& optim_kernels() override { return *kernels_; }
 
  private:
   // A bounded host wait on one event (the copy stream has no collectives, so
@@ -225,6 +227,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::Context> ctx_;
   std::unique_ptr<comm::DeviceCommunicator> comm_;
   std::unique_ptr<nn::Device> device_;
+  std::unique_ptr<optim::Kernels> kernels_;
   double* sums_ = nullptr;  // device: loss sum, correct (training), correct (evaluation)
   std::array<PinnedSlot, 2> slots_;
   size_t next_slot_ = 0, current_ = 0;

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "ddp/core/error.hpp"
+#include "ddp/train/optim_config.hpp"  // optimizer_options
 
 namespace ddp::train {
 
@@ -51,25 +52,37 @@ std::string dataset_id(const data::Dataset& d) {
   return buf;
 }
 
-const std::string kMomentumPrefix = "optimizer.momentum_buffer.";
+// Note [checkpoint contents]: optimizer state as "optimizer.<state>.<param>",
+// PyTorch's per-parameter state names, and its step count.
+const std::string kOptimizerPrefix = "optimizer.";
+const std::string kOptimizerStep = "optimizer.step";
 
 }  // namespace
 
 std::map<std::string, std::string> resume_config(const Config& cfg, const nn::Graph& g,
-                                                 const data::Dataset& train) {
+                                                 const data::Dataset& train, const optim::LrSchedule& schedule) {
+  const optim::Options o = optimizer_options(cfg);
   std::map<std::string, std::string> c = {
       {"model", cfg.model},
       {"architecture", fingerprint(g)},
       {"global_batch", std::to_string(cfg.batch_size)},
       {"seed", std::to_string(cfg.seed)},
       {"dataset", dataset_id(train)},
-      {"optimizer", "sgd"},
-      {"lr", num(cfg.lr)},
-      {"momentum", num(cfg.momentum)},
-      {"weight_decay", num(cfg.weight_decay)},
-      {"nesterov", cfg.nesterov ? "true" : "false"},
-      {"lr_schedule", "constant"},
+      {"optimizer", optim::kind_name(o.kind)},
+      {"lr", num(schedule.base)},
+      {"weight_decay", num(o.weight_decay)},
+      {"lr_schedule", schedule.kind == "constant" && schedule.warmup_steps == 0 ? "constant" : schedule.describe()},
       {"rng", "sampler xoshiro256** keyed by (seed, epoch); no other random state"}};
+  if (o.kind == optim::Kind::Sgd) {
+    c["momentum"] = num(o.momentum);
+    c["nesterov"] = o.nesterov ? "true" : "false";
+  } else {
+    c["betas"] = num(o.beta1) + "," + num(o.beta2);
+    c["eps"] = num(o.eps);
+  }
+  // Recorded where used, so checkpoints of runs without them stay resumable.
+  if (o.no_decay_norm_bias) c["no_decay_norm_bias"] = "true";
+  if (o.max_grad_norm > 0) c["clip_grad_norm"] = num(o.max_grad_norm);
   // Where there are batch statistics, whose they are is part of the run.
   if (!g.counters.empty()) c["sync_bn"] = cfg.sync_bn ? "true" : "false";
   return c;
@@ -81,9 +94,10 @@ std::vector<checkpoint::TensorView> checkpoint_tensors(const nn::Graph& g, const
   for (const auto& b : g.buffers) views.push_back({b.name, b.shape, s.model.buffers.data() + b.offset});
   for (size_t i = 0; i < g.counters.size(); ++i)
     views.push_back({g.counters[i], {}, nullptr, &s.model.counters[i]});
-  if (!s.momentum.empty())
+  if (s.optimizer.step > 0) views.push_back({kOptimizerStep, {}, nullptr, &s.optimizer.step});
+  for (const auto& [name, data] : s.optimizer.buffers)
     for (const auto& p : g.params)
-      views.push_back({kMomentumPrefix + p.name, p.shape, s.momentum.data() + p.offset});
+      views.push_back({kOptimizerPrefix + name + "." + p.name, p.shape, data.data() + p.offset});
   return views;
 }
 
@@ -96,7 +110,7 @@ std::vector<checkpoint::TensorView> checkpoint_tensors(const nn::Graph& g, const
 // the trainer counts on from these values, so no hostile value can make that
 // arithmetic overflow (the decoder already bounds each one by 2^50).
 void check_resumable(const std::string& path, const checkpoint::Checkpoint& ckpt, const nn::Graph& g,
-                     int64_t steps, int global_batch) {
+                     int64_t steps, int global_batch, const optim::Options& opt) {
   const checkpoint::RunState& s = ckpt.state;
   DDP_CHECK(s.step_in_epoch < steps, path, ": checkpoint is at step ", s.step_in_epoch,
             " of an epoch that has only ", steps, " steps here");
@@ -123,12 +137,22 @@ void check_resumable(const std::string& path, const checkpoint::Checkpoint& ckpt
   for (const auto& p : g.params) check_tensor(p.name, p.shape, checkpoint::Dtype::F32);
   for (const auto& b : g.buffers) check_tensor(b.name, b.shape, checkpoint::Dtype::F32);
   for (const auto& c : g.counters) check_tensor(c, {}, checkpoint::Dtype::I64);
-  // Momentum buffers for every parameter or for none (plain SGD, or no step yet).
-  if (ckpt.file.find(kMomentumPrefix + g.params.front().name))
-    for (const auto& p : g.params) check_tensor(kMomentumPrefix + p.name, p.shape, checkpoint::Dtype::F32);
+  // The optimizer's buffers for every parameter, once it has stepped (older
+  // checkpoints have no step count: their buffers say whether it has).
+  const auto* step = ckpt.file.find(kOptimizerStep);
+  if (step) {
+    check_tensor(kOptimizerStep, {}, checkpoint::Dtype::I64);
+    DDP_CHECK(step->ints.at(0) >= 0, path, ": optimizer step ", step->ints.at(0), " is negative");
+  }
+  for (const auto& name : optim::buffer_names(opt)) {
+    const std::string prefix = kOptimizerPrefix + name + ".";
+    const bool stepped = step ? step->ints.at(0) > 0 : ckpt.file.find(prefix + g.params.front().name) != nullptr;
+    if (stepped)
+      for (const auto& p : g.params) check_tensor(prefix + p.name, p.shape, checkpoint::Dtype::F32);
+  }
 }
 
-void restore(const checkpoint::Checkpoint& ckpt, const nn::Graph& g, bool momentum, TrainState& s) {
+void restore(const checkpoint::Checkpoint& ckpt, const nn::Graph& g, const optim::Options& opt, TrainState& s) {
   s.model.params.assign(g.num_params, 0.0f);
   s.model.buffers.assign(g.num_buffers, 0.0f);
   s.model.counters.assign(g.counters.size(), 0);
@@ -139,10 +163,17 @@ void restore(const checkpoint::Checkpoint& ckpt, const nn::Graph& g, bool moment
   for (const auto& p : g.params) copy(p.name, s.model.params.data() + p.offset);
   for (const auto& b : g.buffers) copy(b.name, s.model.buffers.data() + b.offset);
   for (size_t i = 0; i < g.counters.size(); ++i) s.model.counters[i] = ckpt.file.find(g.counters[i])->ints.at(0);
-  s.momentum.clear();
-  if (momentum && ckpt.file.find(kMomentumPrefix + g.params.front().name)) {
-    s.momentum.assign(g.num_params, 0.0f);
-    for (const auto& p : g.params) copy(kMomentumPrefix + p.name, s.momentum.data() + p.offset);
+  s.optimizer = {};
+  const auto names = optim::buffer_names(opt);
+  if (const auto* step = ckpt.file.find(kOptimizerStep))
+    s.optimizer.step = step->ints.at(0);
+  else if (!names.empty() && ckpt.file.find(kOptimizerPrefix + names[0] + "." + g.params.front().name))
+    s.optimizer.step = 1;  // an older checkpoint: its buffers say a step was taken
+  if (s.optimizer.step == 0) return;
+  for (const auto& name : names) {
+    std::vector<float> data(g.num_params, 0.0f);
+    for (const auto& p : g.params) copy(kOptimizerPrefix + name + "." + p.name, data.data() + p.offset);
+    s.optimizer.buffers.emplace_back(name, std::move(data));
   }
 }
 

@@ -25,6 +25,7 @@
 #include "ddp/nn/graph.hpp"                 // model_graph: the model, described once
 #include "ddp/nn/model.hpp"                 // init_state
 #include "ddp/runtime/stop_signal.hpp"       // SIGTERM/SIGINT -> stop at a step boundary
+#include "ddp/train/optim_config.hpp"       // flags -> optimizer options, LR schedule
 #include "ddp/train/preflight.hpp"          // preflight: reachability, duplicate hostnames
 #include "ddp/train/placement.hpp"          // --device/--backend -> this rank's device
 #include "ddp/train/replica.hpp"            // Replica: the model on its device, the step
@@ -60,8 +61,8 @@ struct RankInfo {
 // One table of every rank, so a misconfigured job is visible in its first
 // lines; and the agreement check: every rank must take the same number of
 // steps per epoch, or the collectives of the last steps would never match.
-void startup_check(Replica& replica, const World& world, const Config& cfg, int64_t shard, int64_t steps,
-                   std::ostream& out) {
+void startup_check(Replica& replica, const World& world, const Config& cfg, const optim::LrSchedule& schedule,
+                   int64_t shard, int64_t steps, std::ostream& out) {
   comm::Communicator& comm = replica.comm();
   const nn::Graph& graph = replica.graph();
   const Reducer& reducer = replica.reducer();
@@ -89,6 +90,13 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, int6
                 graph.num_params, reducer.buckets().size(), reducer.buckets().size() == 1 ? "" : "s",
                 cfg.batch_size, cfg.batch_size / world.size, static_cast<long long>(steps));
   out << line;
+  out << "ddp_train: optimizer " << optim::describe(replica.optimizer().options()) << "; lr " << schedule.describe();
+  if (cfg.scale_lr)
+    out << " (--scale-lr: " << cfg.lr << " x global batch " << cfg.batch_size << " / 256)";
+  if (cfg.accumulate > 1)
+    out << "; " << cfg.accumulate << " micro-batches of " << cfg.batch_size / world.size / cfg.accumulate
+        << " per rank per step (--accumulate), all-reduce after the last";
+  out << "\n";
   out << " rank  host                 local  device  threads  shard  steps\n";
   for (int r = 0; r < world.size; ++r) {
     std::snprintf(line, sizeof(line), " %4d  %-20s %2d/%-3d %-7s %7d  %5lld  %5lld\n", r, ranks[r].host,
@@ -238,6 +246,7 @@ void broadcast_state(comm::Communicator& comm, nn::ModelState& s, bool params) {
 // The epoch's running sums on this rank (reduced across ranks at the end).
 struct EpochSums {
   double loss = 0, correct = 0, samples = 0, comm_wait = 0;
+  double grad_norm = 0, allreduces = 0, allreduce_bytes = 0;  // the same on every rank: not reduced
 };
 
 }  // namespace
@@ -269,6 +278,8 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   // The model, described once, and this rank's replica of it on its device;
   // `host` is the host's copy of what checkpoints and output files hold.
   nn::Graph graph = nn::model_graph(cfg.model, {train.c, train.h, train.w}, train.classes);
+  const optim::Options optimizer = optimizer_options(cfg);
+  const optim::LrSchedule schedule = lr_schedule(cfg, int64_t(cfg.epochs) * steps);
   TrainState host;
   host.model = nn::init_state(graph, cfg.seed);
 
@@ -283,20 +294,20 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     backend = make_cpu_backend(std::move(host_comm));
   }
   DDP_CHECK(backend, "--device ", place.device, ": not in this build");
-  auto replica = std::make_unique<Replica>(cfg, std::move(backend), std::move(graph));
+  auto replica = std::make_unique<Replica>(cfg, optimizer, std::move(backend), std::move(graph));
   comm::Communicator& comm = replica->comm();
   comm.set_timeout(timeout);
   const nn::Graph& g = replica->graph();
 
   // Where to start: a checkpoint's position, or the beginning.
   checkpoint::RunState state;
-  state.config = resume_config(cfg, g, train);
+  state.config = resume_config(cfg, g, train, schedule);
   const bool checkpointing = !cfg.checkpoint_dir.empty();
   const auto resumable = [&](const std::string& path, const checkpoint::Checkpoint& c) {
-    check_resumable(path, c, g, steps, cfg.batch_size);
+    check_resumable(path, c, g, steps, cfg.batch_size, optimizer);
   };
   if (const auto resumed = find_resume_point(comm, cfg, state.config, resumable, out, std::cerr)) {
-    restore(resumed->checkpoint, g, replica->has_momentum(), host);
+    restore(resumed->checkpoint, g, optimizer, host);
     const auto& saved = resumed->checkpoint.state;
     const auto config = state.config;
     state = saved;
@@ -316,7 +327,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   };
   if (checkpointing) install_stop_handlers();
 
-  startup_check(*replica, world, cfg, sampler.num_samples(), steps, out);
+  startup_check(*replica, world, cfg, schedule, sampler.num_samples(), steps, out);
 
   std::ofstream metrics;
   if (leader && !cfg.metrics_out.empty()) {
@@ -343,6 +354,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   };
 
   std::vector<double> epoch_secs, rates;
+  double allreduces_per_step = 0, allreduce_bytes_per_step = 0;
   double last_loss = 0, last_acc = 0, last_train_acc = 0;
   data::Batch batch;
   const int64_t first_epoch = state.epoch;
@@ -368,9 +380,12 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       sums.loss += s.loss;
       sums.correct += s.correct;
       sums.comm_wait += s.comm_wait;
+      sums.grad_norm += s.grad_norm;
+      sums.allreduces += s.allreduces;
+      sums.allreduce_bytes += s.allreduce_bytes;
     };
     while (loader.next(batch)) {
-      const StepHealth health = replica->train_step(batch);
+      const StepHealth health = replica->train_step(batch, schedule.at(state.global_step));
       if (!health.grads_finite) diverged(comm, health, epoch, step + 1, state.global_step + 1);
       sums.samples += batch.size;
       ++step;
@@ -423,6 +438,11 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     last_train_acc = totals[1] / totals[2];
     last_acc = test_acc;
     const double rate = totals[2] / train_sec;
+    const int64_t epoch_steps = std::max<int64_t>(1, steps - first_step);
+    allreduces_per_step = sums.allreduces / double(epoch_steps);
+    allreduce_bytes_per_step = sums.allreduce_bytes / double(epoch_steps);
+    const double lr = schedule.at(state.global_step - 1);  // the epoch's last step's
+    const double grad_norm = sums.grad_norm / double(epoch_steps);
     epoch_secs.push_back(train_sec);
     rates.push_back(rate);
     if (leader) {
@@ -430,17 +450,30 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
         char line[256];
         std::snprintf(line, sizeof(line),
                       "epoch %lld/%d  train_loss %.4f  train_acc %.4f  test_acc %.4f  time %.2fs  %.0f samples/s  "
-                      "comm_wait %.3fs\n",
+                      "comm_wait %.3fs  lr %.4g",
                       static_cast<long long>(epoch + 1), cfg.epochs, last_loss, last_train_acc, test_acc, train_sec,
-                      rate, totals[3] / world.size);
-        out << line << std::flush;
+                      rate, totals[3] / world.size, lr);
+        out << line;
+        if (cfg.clip_grad_norm > 0) {
+          std::snprintf(line, sizeof(line), "  grad_norm %.4g", grad_norm);
+          out << line;
+        }
+        out << "\n" << std::flush;
       }
       if (metrics.is_open()) {
-        metrics << json{{"epoch", epoch + 1},       {"train_loss", last_loss}, {"train_acc", last_train_acc},
-                        {"test_acc", test_acc},     {"epoch_sec", train_sec},  {"eval_sec", eval_sec},
-                        {"samples_per_sec", rate},  {"comm_wait_sec", totals[3] / world.size}}
-                       .dump()
-                << "\n"
+        json record{{"epoch", epoch + 1},
+                    {"train_loss", last_loss},
+                    {"train_acc", last_train_acc},
+                    {"test_acc", test_acc},
+                    {"epoch_sec", train_sec},
+                    {"eval_sec", eval_sec},
+                    {"samples_per_sec", rate},
+                    {"comm_wait_sec", totals[3] / world.size},
+                    {"lr", lr},
+                    {"allreduces_per_step", allreduces_per_step},
+                    {"allreduce_bytes_per_step", allreduce_bytes_per_step}};
+        if (cfg.clip_grad_norm > 0) record["grad_norm"] = grad_norm;
+        metrics << record.dump() << "\n"
                 << std::flush;
       }
     }
@@ -483,6 +516,10 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
                 {"backend", comm.backend()},
                 {"device", place.device},
                 {"overlap", cfg.overlap},
+                {"optimizer", cfg.optimizer},
+                {"accumulate", cfg.accumulate},
+                {"allreduces_per_step", allreduces_per_step},
+                {"allreduce_bytes_per_step", allreduce_bytes_per_step},
                 {"test_acc", last_acc},
                 {"train_acc", last_train_acc},
                 {"train_loss", last_loss},

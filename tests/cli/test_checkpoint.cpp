@@ -201,7 +201,11 @@ class BadCheckpoint : public Checkpoint {
     auto c = checkpoint::decode_checkpoint(newest_, bytes_);
     edit(c);
     std::vector<checkpoint::TensorView> views;
-    for (const auto& t : c.file.tensors) views.push_back({t.name, t.shape, t.data.data()});
+    for (const auto& t : c.file.tensors)
+      if (t.dtype == checkpoint::Dtype::I64)
+        views.push_back({t.name, t.shape, nullptr, t.ints.data()});
+      else
+        views.push_back({t.name, t.shape, t.data.data()});
     replace_newest(checkpoint::encode_checkpoint(c.state, views));
   }
   std::string ck_, newest_, older_, bytes_;

@@ -23,9 +23,9 @@ def read_safetensors(path):
     meta = header.pop("__metadata__", {})
     tensors = {}
     for name, e in header.items():
-        assert e["dtype"] == "F32", (path, name, e["dtype"])
+        dtype = {"F32": "<f4", "I64": "<i8"}[e["dtype"]]
         a, b = e["data_offsets"]
-        tensors[name] = np.frombuffer(data[a:b], dtype="<f4").reshape(e["shape"])
+        tensors[name] = np.frombuffer(data[a:b], dtype=dtype).reshape(e["shape"])
     return tensors, meta, header, data
 
 
@@ -55,6 +55,7 @@ def main(model_path, ckpt_path):
     assert f"{crc:08x}" == meta["payload_crc32"], (f"{crc:08x}", meta["payload_crc32"])
     momentum = [k for k in ckpt if k.startswith("optimizer.momentum_buffer.")]
     assert len(momentum) == len(LENET_SHAPES), momentum
+    assert ckpt["optimizer.step"] == int(meta["global_step"]), (ckpt["optimizer.step"], meta["global_step"])
     print(f"ok: {len(model)} tensors equal, checkpoint at global step {meta['global_step']}, crc {crc:08x}")
 
 

@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
     for (const auto& t : g.buffers) DDP_CHECK(file.file.find(t.name), argv[2], " lacks ", t.name);
     for (const auto& c : g.counters) DDP_CHECK(file.file.find(c), argv[2], " lacks ", c);
     ddp::train::TrainState state;
-    ddp::train::restore(file, g, false, state);
+    ddp::train::restore(file, g, {}, state);
     auto device = ddp::nn::make_cpu_device(2);
     ddp::nn::Model model(g, *device);
     model.set_state(state.model);

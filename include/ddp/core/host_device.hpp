@@ -1,7 +1,7 @@
 // DDP_HOST_DEVICE marks a function that the CUDA kernels call on the device
 // and the host calls too: __host__ __device__ under nvcc, nothing for a
 // host compiler. Such functions hold the kernels' arithmetic
-// (nn/kernel_math.hpp, optim/sgd_math.hpp), so the unit tests can check it
+// (nn/kernel_math.hpp, optim/update_math.hpp), so the unit tests can check it
 // against the CPU layers on a machine without a GPU.
 #pragma once
 

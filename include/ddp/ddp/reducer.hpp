@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,10 @@ class Reducer {
   void set_sync(bool sync) { sync_ = sync; }
   bool sync() const { return sync_; }
 
+  // All-reduces launched since construction, and their bytes.
+  int64_t launches() const { return launches_; }
+  int64_t launched_bytes() const { return launched_bytes_; }
+
  private:
   void launch(size_t k);
   comm::Communicator& comm_;
@@ -62,6 +67,7 @@ class Reducer {
   size_t next_ = 0;
   bool overlap_, sync_ = true;
   int launched_early_ = 0;
+  int64_t launches_ = 0, launched_bytes_ = 0;
 };
 
 // Copies rank 0's count floats (host memory: parameters, buffers) to every

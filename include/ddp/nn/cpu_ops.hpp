@@ -146,10 +146,12 @@ template <typename T>
 void global_avgpool_backward(int64_t planes, int hw, const T* dy, T* dx);
 
 // Mean softmax cross-entropy over the batch (max-shifted, so large logits do
-// not overflow); writes d(mean loss)/d(logits) when dlogits is not nullptr.
-// Throws ddp::Error for a label outside [0, classes).
+// not overflow); writes d(mean loss)/d(logits) when dlogits is not nullptr,
+// the mean taken over grad_batch samples where it is > 0 (one micro-batch of
+// an accumulated step: its share of the step's mean). Throws ddp::Error for a
+// label outside [0, classes).
 template <typename T>
 T softmax_cross_entropy(const T* logits, const int32_t* labels, int batch, int classes,
-                        T* dlogits);
+                        T* dlogits, int grad_batch = 0);
 
 }  // namespace ddp::nn::cpu

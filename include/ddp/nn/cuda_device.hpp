@@ -17,11 +17,12 @@ namespace ddp::nn {
 std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx);
 
 // Softmax cross-entropy on the device, one launch: writes d(mean loss)/d(logits)
-// into dlogits and ADDS the batch's summed loss to sums[0] and its number of
+// into dlogits (the mean over grad_batch samples where it is > 0, as on the
+// CPU) and ADDS the batch's summed loss to sums[0] and its number of
 // correct rows (arg-max == label) to sums[1] (device doubles), so a whole epoch
 // runs without the host reading anything.
 void softmax_cross_entropy_cuda(const float* logits, const int32_t* labels, int batch, int classes,
-                                float* dlogits, double* sums, cudaStream_t stream);
+                                float* dlogits, double* sums, cudaStream_t stream, int grad_batch = 0);
 // Adds the number of rows whose arg-max equals the label to *correct (device).
 void count_correct_cuda(const float* logits, const int32_t* labels, int batch, int classes, double* correct,
                         cudaStream_t stream);

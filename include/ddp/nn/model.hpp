@@ -98,8 +98,10 @@ class Model {
 };
 
 // Mean softmax cross-entropy over the batch (host memory); writes
-// d(mean loss)/d(logits) when dlogits is not nullptr.
-float softmax_cross_entropy(const float* logits, const int32_t* labels, int batch, int classes, float* dlogits);
+// d(mean loss)/d(logits) when dlogits is not nullptr, the mean over
+// grad_batch samples where it is > 0 (cpu_ops.hpp).
+float softmax_cross_entropy(const float* logits, const int32_t* labels, int batch, int classes, float* dlogits,
+                            int grad_batch = 0);
 // Rows whose arg-max (the first maximum, as torch.argmax) equals the label.
 int64_t count_correct(const float* logits, const int32_t* labels, int batch, int classes);
 

@@ -13,10 +13,21 @@ struct Config {
   int64_t train_limit = 0;       // > 0: train on the first N training samples only
   int epochs = 10;
   int batch_size = 256;          // global batch, split evenly over ranks
-  double lr = 0.2;
+  double lr = 0.2;               // the base rate (before --scale-lr and the schedule)
+  std::string optimizer = "sgd";  // sgd | adamw
   double momentum = 0.0;
-  double weight_decay = 0.0;
+  double weight_decay = 0.0;     // AdamW's default, when not given, is PyTorch's 0.01
   bool nesterov = false;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // AdamW
+  bool no_decay_norm_bias = false;  // no weight decay on 1-d parameters (biases, norms)
+  std::string lr_schedule = "constant";  // constant | step | cosine
+  int64_t warmup_steps = 0;
+  int64_t lr_step_size = 0;      // step: steps between decays
+  double lr_gamma = 0.1;         // step: factor per decay
+  double lr_min = 0.0;           // cosine: the last step's rate
+  bool scale_lr = false;         // lr x global batch / 256
+  int accumulate = 1;            // micro-batches per optimizer step (per rank)
+  double clip_grad_norm = 0.0;   // > 0: clip the global gradient L2 norm to this
   uint64_t seed = 0;
   std::string backend = "auto";  // auto | mpi | nccl
   std::string device = "auto";   // auto | cpu | cuda

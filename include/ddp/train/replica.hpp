@@ -1,15 +1,17 @@
 // ddp::train::Replica: one rank's copy of the model on its device and the step
 // around it, written once for every device:
 //
-//   stage the batch on the device -> zero grads -> forward -> softmax
-//   cross-entropy -> backward, each op's gradients handed to the reducer as
-//   they become final -> wait for the buckets (averaged over ranks) -> check
-//   the gradients are finite -> SGD over the flat buffer.
+//   stage the batch on the device -> zero grads -> for each micro-batch
+//   (--accumulate): forward -> softmax cross-entropy -> backward; the last
+//   micro-batch's backward hands each op's gradients to the reducer as they
+//   become final, the others communicate nothing (no_sync) -> wait for the
+//   buckets (averaged over ranks) -> check the gradients are finite -> the
+//   optimizer (clipping included) over the flat buffer.
 //
 // What differs between devices is a Backend (replica_cpu.cpp,
 // replica_cuda.cu): the nn::Device, the communicator the reducer uses, how a
-// batch reaches the device, the loss and SGD kernels, and where the step's
-// sums are kept until the trainer reads them.
+// batch reaches the device, the loss and optimizer kernels, and where the
+// step's sums are kept until the trainer reads them.
 #pragma once
 
 #include <memory>
@@ -21,7 +23,7 @@
 #include "ddp/data/loader.hpp"        // Batch
 #include "ddp/ddp/reducer.hpp"        // Reducer
 #include "ddp/nn/model.hpp"           // Model, ModelState, Graph
-#include "ddp/optim/sgd.hpp"          // SgdOptions
+#include "ddp/optim/optimizer.hpp"    // Optimizer: SGD, AdamW, their state, clipping
 #include "ddp/runtime/world.hpp"      // World
 #include "ddp/train/config.hpp"       // Config
 
@@ -32,6 +34,9 @@ struct StepSums {
   double loss = 0;       // sum over samples of the per-sample loss
   double correct = 0;    // samples whose arg-max was the label
   double comm_wait = 0;  // seconds the host waited for buckets
+  double grad_norm = 0;  // sum of the steps' gradient norms before clipping (0 without clipping)
+  double allreduces = 0;       // gradient all-reduces launched
+  double allreduce_bytes = 0;  // and their bytes
 };
 
 // Whether a step stayed finite. The averaged gradients are the same on every
@@ -47,7 +52,7 @@ struct StepHealth {
 // parameters, buffers and counters, and the optimizer's state.
 struct TrainState {
   nn::ModelState model;
-  std::vector<float> momentum;  // empty without momentum, or before the first step
+  optim::State optimizer;
 };
 
 class Backend {
@@ -67,11 +72,13 @@ class Backend {
   virtual std::pair<const float*, const int32_t*> stage(const data::Batch& b) = 0;
   virtual void batch_done() = 0;
 
-  // Softmax cross-entropy: writes d(mean loss)/d(logits) and adds the batch's
-  // loss sum and correct count to the running sums. Returns the batch's mean
-  // loss where the host has it at once (CPU), else nullopt.
+  // Softmax cross-entropy: writes d(mean loss)/d(logits), the mean over
+  // grad_batch samples (the whole step's, of which this batch may be one
+  // micro-batch), and adds the batch's loss sum and correct count to the
+  // running sums. Returns the batch's mean loss where the host has it at
+  // once (CPU), else nullopt.
   virtual std::optional<double> loss(const float* logits, const int32_t* labels, int batch, int classes,
-                                     float* dlogits) = 0;
+                                     float* dlogits, int grad_batch) = 0;
   virtual void count_correct(const float* logits, const int32_t* labels, int batch, int classes) = 0;
   // The sums since the last call (loss, correct; evaluation correct), reset.
   virtual std::vector<double> take_sums() = 0;
@@ -80,10 +87,8 @@ class Backend {
   // to look at device memory).
   virtual bool checks_every_step() const = 0;
   virtual bool all_finite(const float* p, size_t n) = 0;
-  // p -= lr * update(g) over the flat buffer (optim/sgd.hpp); momentum is
-  // nullptr without momentum, and first says the buffer is not set yet.
-  virtual void sgd_step(const optim::SgdOptions& opt, bool first, size_t n, float* p, const float* g,
-                        float* momentum) = 0;
+  // The optimizer's kernels on this device.
+  virtual optim::Kernels& optim_kernels() = 0;
 };
 
 // The CPU backend: host memory, the MPI communicator, the kernels on as many
@@ -103,15 +108,16 @@ std::unique_ptr<Backend> make_cuda_backend(const World& world, const Config& cfg
 
 class Replica {
  public:
-  // With cfg.sync_bn, BatchNorm's statistics are summed over ranks.
-  Replica(const Config& cfg, std::unique_ptr<Backend> backend, nn::Graph graph);
+  // With cfg.sync_bn, BatchNorm's statistics are summed over ranks; each
+  // step takes cfg.accumulate micro-batches.
+  Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<Backend> backend, nn::Graph graph);
   ~Replica();
 
   std::string device() const { return backend_->device_name(); }
   comm::Communicator& comm() { return backend_->comm(); }
   const Reducer& reducer() const { return *reducer_; }
   const nn::Graph& graph() const { return model_->graph(); }
-  bool has_momentum() const { return momentum_ != nullptr; }
+  const optim::Optimizer& optimizer() const { return *optimizer_; }
 
   // Host state: set (push) and read back (pull). pull waits for the device.
   void push(const TrainState& s);
@@ -120,13 +126,14 @@ class Replica {
   void push_buffers(const nn::ModelState& s);
   void pull_buffers(nn::ModelState& s);
 
-  // One optimizer step on this rank's part of the global batch. May return
+  // One optimizer step at learning rate lr on this rank's part of the global
+  // batch, in cfg.accumulate micro-batches. May return
   // before the device has finished it; batch may be reused on return. When
   // the averaged gradients hold a NaN or an infinity the parameters are left
   // as they were and grads_finite is false (checked every step where the
   // backend can afford it, the CPU; a GPU's divergence shows in the epoch's
   // loss and in the parameters checked before each save).
-  StepHealth train_step(const data::Batch& batch);
+  StepHealth train_step(const data::Batch& batch, double lr);
   // The sums of the steps since the last call (waits for them).
   StepSums take_sums();
 
@@ -142,10 +149,10 @@ class Replica {
   std::unique_ptr<Stats> stats_;
   std::unique_ptr<nn::Model> model_;
   std::unique_ptr<Reducer> reducer_;
-  optim::SgdOptions sgd_;
-  std::unique_ptr<nn::Array> momentum_, dlogits_;
-  bool momentum_started_ = false;
-  int classes_ = 0;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<nn::Array> dlogits_;
+  int classes_ = 0, accumulate_ = 1;
+  double allreduces_ = 0, allreduce_bytes_ = 0;
   // The backend's sums come as one set; what take_sums reads of evaluation,
   // and take_correct of training, waits here for the other call.
   double comm_wait_ = 0, loss_ = 0, correct_ = 0, eval_correct_ = 0;

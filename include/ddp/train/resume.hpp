@@ -14,6 +14,8 @@
 #include "ddp/comm/communicator.hpp"
 #include "ddp/data/dataset.hpp"
 #include "ddp/nn/graph.hpp"
+#include "ddp/optim/lr_schedule.hpp"  // LrSchedule
+#include "ddp/optim/optimizer.hpp"    // Options
 #include "ddp/train/config.hpp"
 #include "ddp/train/replica.hpp"  // TrainState
 
@@ -24,7 +26,7 @@ namespace ddp::train {
 // optimizer, LR schedule, whose batch statistics). World size, epochs,
 // buckets may change.
 std::map<std::string, std::string> resume_config(const Config& cfg, const nn::Graph& g,
-                                                 const data::Dataset& train);
+                                                 const data::Dataset& train, const optim::LrSchedule& schedule);
 
 // Parameters, buffers and counters under their state-dict names, then the
 // optimizer's state (Note [checkpoint contents]).
@@ -33,13 +35,13 @@ std::vector<checkpoint::TensorView> checkpoint_tensors(const nn::Graph& g, const
 // Throws ddp::Error naming the file when the checkpoint cannot be this run's
 // starting point: its position (Note [resume position]) for `steps` steps per
 // epoch of `global_batch` samples, or a tensor the model needs that is missing
-// or has the wrong shape or type.
+// or has the wrong shape or type, the optimizer's (opt) state included.
 void check_resumable(const std::string& path, const checkpoint::Checkpoint& ckpt, const nn::Graph& g,
-                     int64_t steps, int global_batch);
+                     int64_t steps, int global_batch, const optim::Options& opt = {});
 
-// The checkpoint's tensors as a TrainState (check_resumable first); its
-// momentum buffers only where the run has momentum.
-void restore(const checkpoint::Checkpoint& ckpt, const nn::Graph& g, bool momentum, TrainState& s);
+// The checkpoint's tensors as a TrainState (check_resumable first), with
+// the state of the optimizer opt describes.
+void restore(const checkpoint::Checkpoint& ckpt, const nn::Graph& g, const optim::Options& opt, TrainState& s);
 
 struct Resumed {
   std::string path;

@@ -17,8 +17,8 @@
 #include "ddp/nn/cuda_device.hpp"  // make_cuda_device, softmax_cross_entropy_cuda
 #include "ddp/nn/graph.hpp"        // model_graph
 #include "ddp/nn/model.hpp"        // Model, init_state, softmax_cross_entropy
-#include "ddp/optim/sgd.hpp"       // sgd_step: the CPU reference step
-#include "ddp/optim/sgd_cuda.hpp"  // sgd_step_cuda
+#include "ddp/optim/kernels.hpp"    // the CPU and GPU optimizer kernels
+#include "ddp/optim/optimizer.hpp"  // Optimizer: SGD with momentum on each device
 #include "nn_cuda_test_util.hpp"
 
 namespace ddp::nn {
@@ -59,9 +59,13 @@ void CudaModels::two_steps(const std::string& name, int batch) {
   ASSERT_EQ(round_trip.params, start.params);
   ASSERT_EQ(round_trip.buffers, start.buffers);
 
-  const optim::SgdOptions opt{0.1, 0.9, 0.0, 1e-4, false};
-  std::vector<float> cpu_momentum(n);
-  DeviceArray<float> momentum(ctx(), n);
+  optim::Options opt;
+  opt.momentum = 0.9;
+  opt.weight_decay = 1e-4;
+  const auto cpu_kernels = optim::make_cpu_kernels();
+  const auto gpu_kernels = optim::make_cuda_kernels(ctx().compute());
+  optim::Optimizer cpu_opt(opt, cpu.param_info(), cpu.device(), *cpu_kernels);
+  optim::Optimizer gpu_opt(opt, gpu.param_info(), gpu.device(), *gpu_kernels);
   const size_t nx = size_t(batch) * size_t(input.numel()), nl = size_t(batch) * classes;
   for (int step = 0; step < 2; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
@@ -81,7 +85,7 @@ void CudaModels::two_steps(const std::string& name, int batch) {
     std::vector<size_t> cpu_ready;
     cpu.backward(dlogits.data(), batch, [&](size_t k) { cpu_ready.push_back(k); });
     const std::vector<float> cpu_grads(cpu.grads(), cpu.grads() + n);
-    optim::sgd_step(opt, step == 0, n, cpu.params(), cpu.grads(), cpu_momentum.data());
+    cpu_opt.step(0.1, cpu.params(), cpu.grads());
 
     DeviceArray<float> gx(ctx(), x), gdlogits(ctx(), nl);
     DeviceArray<int32_t> glabels(ctx(), labels);
@@ -92,7 +96,7 @@ void CudaModels::two_steps(const std::string& name, int batch) {
     std::vector<size_t> ready;
     gpu.backward(gdlogits.get(), batch, [&](size_t k) { ready.push_back(k); });
     const std::vector<float> grads = to_host(ctx(), gpu.grads(), n);
-    optim::sgd_step_cuda(opt, step == 0, n, gpu.params(), gpu.grads(), momentum.get(), ctx().compute());
+    gpu_opt.step(0.1, gpu.params(), gpu.grads());
 
     EXPECT_TRUE(agrees(to_host(ctx(), glogits, nl), cpu_logits)) << "logits";
     EXPECT_TRUE(agrees(gdlogits.download(), dlogits)) << "dlogits";

@@ -32,16 +32,16 @@ class Resumable : public ::testing::Test {
     ckpt_.state.epoch_correct = 100;
     for (const auto& p : graph_.params) add_tensor(p.name, p.shape, p.numel);
   }
-  std::string error() {
+  std::string error(const optim::Options& opt = {}) {
     try {
-      check_resumable("c.safetensors", ckpt_, graph_, kSteps, kBatch);
+      check_resumable("c.safetensors", ckpt_, graph_, kSteps, kBatch, opt);
     } catch (const Error& e) {
       return e.what();
     }
     return "";
   }
-  void expect_error(const std::string& part) {
-    const std::string msg = error();
+  void expect_error(const std::string& part, const optim::Options& opt = {}) {
+    const std::string msg = error(opt);
     EXPECT_EQ(msg.rfind("c.safetensors: ", 0), 0u) << msg;
     EXPECT_NE(msg.find(part), std::string::npos) << "message lacks '" << part << "': " << msg;
   }
@@ -108,9 +108,29 @@ TEST_F(Resumable, MissingOrMisshapenTensors) {
   expect_error("' has the wrong shape or type for model mlp");
   // Momentum for the first parameter promises it for every one.
   SetUp();
+  optim::Options momentum;
+  momentum.momentum = 0.9;
   const auto& first = graph_.params.front();
   add_tensor("optimizer.momentum_buffer." + first.name, first.shape, first.numel);
-  expect_error("checkpoint has no tensor 'optimizer.momentum_buffer.");
+  expect_error("checkpoint has no tensor 'optimizer.momentum_buffer.", momentum);
+}
+
+TEST_F(Resumable, OptimizerStateMustMatchItsStepCount) {
+  optim::Options adamw;
+  adamw.kind = optim::Kind::AdamW;
+  checkpoint::Tensor step;
+  step.name = "optimizer.step";
+  step.dtype = checkpoint::Dtype::I64;
+  step.ints = {3};
+  ckpt_.file.tensors.push_back(step);
+  // Stepped, so AdamW's moments must be there for every parameter.
+  expect_error("checkpoint has no tensor 'optimizer.exp_avg.", adamw);
+  for (const char* name : {"exp_avg", "exp_avg_sq"})
+    for (const auto& p : graph_.params) add_tensor(std::string("optimizer.") + name + "." + p.name, p.shape, p.numel);
+  EXPECT_EQ(error(adamw), "");
+  for (auto& t : ckpt_.file.tensors)
+    if (t.name == "optimizer.step") t.ints = {-1};
+  expect_error("optimizer step -1 is negative", adamw);
 }
 
 // A model with BatchNorm needs its buffers (F32) and counters (I64 scalars)
@@ -148,10 +168,10 @@ TEST(ResumableBuffers, BatchNormStateIsRequired) {
   add(g.counters[0], {}, 1, /*ints=*/true);
   EXPECT_EQ(error(), "");
   TrainState s;
-  restore(c, g, false, s);
+  restore(c, g, {}, s);
   EXPECT_EQ(s.model.counters, std::vector<int64_t>(g.counters.size(), 3));
   EXPECT_EQ(s.model.buffers.size(), g.num_buffers);
-  EXPECT_TRUE(s.momentum.empty());
+  EXPECT_TRUE(s.optimizer.buffers.empty());
 }
 
 }  // namespace

@@ -1,0 +1,55 @@
+// ddp::optim::Kernels: what an optimizer runs on the device its parameters
+// live on. One implementation per device (kernels_cpu.cpp, kernels_cuda.cu),
+// both over update_math.hpp's arithmetic, chosen once by the replica's
+// backend.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "ddp/optim/update_math.hpp"  // StepScalars
+
+#if DDP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace ddp::optim {
+
+// One update of elements [0, n) of the flat buffers (device memory).
+struct StepArgs {
+  StepScalars s;
+  size_t n = 0;
+  float* p = nullptr;
+  const float* g = nullptr;
+  float* a = nullptr;  // SGD: momentum buffer (nullptr without momentum); AdamW: exp_avg
+  float* b = nullptr;  // AdamW: exp_avg_sq
+  bool decay = true;   // whether these elements' group has weight decay
+  // Clipping: the gradients' squared L2 norm where sq_norm() left it (the
+  // device's memory), and the largest norm allowed; nullptr: no clipping.
+  const double* sq_norm = nullptr;
+  float max_norm = 0;
+};
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  virtual void step(const StepArgs& a) = 0;
+  // The squared L2 norm of g[0, n), summed in an order fixed by n alone (so
+  // every rank, holding the same averaged gradients, gets the same bits),
+  // left in device memory this object owns, valid until the next call. The
+  // norm is also added to a running sum (take_norm_sum).
+  virtual const double* sq_norm(const float* g, size_t n) = 0;
+  // The norms summed since the last call; waits for the device.
+  virtual double take_norm_sum() = 0;
+};
+
+std::unique_ptr<Kernels> make_cpu_kernels();
+
+#if DDP_HAVE_CUDA
+// On `stream`: one grid-stride launch per step() call; sq_norm in two
+// launches of fixed shape (partial sums per block, then one block adds them
+// in order), so its bits depend on n only.
+std::unique_ptr<Kernels> make_cuda_kernels(cudaStream_t stream);
+#endif
+
+}  // namespace ddp::optim

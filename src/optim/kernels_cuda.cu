@@ -1,0 +1,99 @@
+// The GPU optimizer kernels (kernels.hpp): update_math.hpp's update as one
+// grid-stride kernel per call; the norm as per-block partial sums of a fixed
+// grid, then one block adding them in order: the same bits for the same
+// gradients, run after run (no atomics).
+#include <algorithm>
+
+#include "ddp/core/error.hpp"          // DDP_CHECK
+#include "ddp/optim/kernels.hpp"
+#include "ddp/runtime/block_sum.cuh"  // block_sum: fixed order
+#include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK, DDP_CUDA_CHECK_LAUNCH
+
+namespace ddp::optim {
+
+namespace {
+
+constexpr int kThreads = 256;  // a power of two: the block sums halve it
+constexpr int kNormBlocks = 512;
+
+__global__ void step_kernel(size_t n, StepScalars s, bool decay, const double* sq_norm, float max_norm,
+                            float* __restrict__ p, const float* __restrict__ g, float* __restrict__ a,
+                            float* __restrict__ b) {
+  const float gscale = sq_norm ? clip_coefficient(max_norm, *sq_norm) : 1.0f;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    update_at(i, s, decay, gscale, p, g, a, b);
+}
+
+// partial[block] = sum of g[i]^2 over the block's elements (grid stride).
+__global__ void sq_partial_kernel(size_t n, const float* __restrict__ g, double* __restrict__ partial) {
+  __shared__ double s[kThreads];
+  double v = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    v += double(g[i]) * double(g[i]);
+  const double total = cuda::block_sum<kThreads>(s, v);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+// out[0] = sum of the partials; out[1] += its square root (the running sum).
+__global__ void sq_final_kernel(const double* __restrict__ partial, int parts, double* __restrict__ out) {
+  __shared__ double s[kThreads];
+  double v = 0;
+  for (int i = threadIdx.x; i < parts; i += blockDim.x) v += partial[i];
+  const double total = cuda::block_sum<kThreads>(s, v);
+  if (threadIdx.x == 0) {
+    out[0] = total;
+    out[1] += sqrt(total);
+  }
+}
+
+class CudaKernels final : public Kernels {
+ public:
+  explicit CudaKernels(cudaStream_t stream) : stream_(stream) {
+    DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partial_), kNormBlocks * sizeof(double)));
+    DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&out_), 2 * sizeof(double)));
+    DDP_CUDA_CHECK(cudaMemsetAsync(out_, 0, 2 * sizeof(double), stream_));
+  }
+  ~CudaKernels() override {
+    // Freed with the stream's work done: the backend synchronises before it
+    // releases its kernels (or leaves them to the process's end on an error).
+    cudaFreeAsync(partial_, stream_);
+    cudaFreeAsync(out_, stream_);
+  }
+
+  void step(const StepArgs& a) override {
+    DDP_CHECK(a.s.kind != Kind::AdamW || (a.a && a.b), "AdamW needs its exp_avg and exp_avg_sq");
+    DDP_CHECK(a.s.kind != Kind::Sgd || a.s.mu == 0.0f || a.a, "SGD with momentum needs its buffer");
+    if (a.n == 0) return;
+    DDP_CHECK(a.p && a.g, "optimizer step: null parameters or gradients");
+    const unsigned grid = unsigned(std::min<size_t>((a.n + kThreads - 1) / kThreads, 8192));
+    step_kernel<<<grid, kThreads, 0, stream_>>>(a.n, a.s, a.decay, a.sq_norm, a.max_norm, a.p, a.g, a.a, a.b);
+    DDP_CUDA_CHECK_LAUNCH(step_kernel);
+  }
+
+  const double* sq_norm(const float* g, size_t n) override {
+    sq_partial_kernel<<<kNormBlocks, kThreads, 0, stream_>>>(n, g, partial_);
+    DDP_CUDA_CHECK_LAUNCH(sq_partial_kernel);
+    sq_final_kernel<<<1, kThreads, 0, stream_>>>(partial_, kNormBlocks, out_);
+    DDP_CUDA_CHECK_LAUNCH(sq_final_kernel);
+    return out_;
+  }
+
+  double take_norm_sum() override {
+    double h = 0;
+    DDP_CUDA_CHECK(cudaMemcpyAsync(&h, out_ + 1, sizeof h, cudaMemcpyDeviceToHost, stream_));
+    DDP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    DDP_CUDA_CHECK(cudaMemsetAsync(out_ + 1, 0, sizeof(double), stream_));
+    return h;
+  }
+
+ private:
+  cudaStream_t stream_;
+  double* partial_ = nullptr;
+  double* out_ = nullptr;  // the last squared norm, the running sum of norms
+};
+
+}  // namespace
+
+std::unique_ptr<Kernels> make_cuda_kernels(cudaStream_t stream) { return std::make_unique<CudaKernels>(stream); }
+
+}  // namespace ddp::optim

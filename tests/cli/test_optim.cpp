@@ -1,0 +1,158 @@
+// What a PyTorch DDP user trains with, end to end: AdamW, schedules,
+// gradient accumulation without sync, clipping, and their state across a
+// kill and --resume.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+
+#include "ddp/checkpoint/checkpoint.hpp"
+#include "run_outputs.hpp"
+
+namespace ddp::test {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const std::string kData = std::string(" --data-dir ") + DDP_DATA_DIR;
+
+// The buckets the start-up line announces: "(129068 parameters, 5 buckets)".
+std::pair<long, long> params_and_buckets(const std::string& out) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex(R"(\((\d+) parameters, (\d+) buckets?\))"))) return {-1, -1};
+  return {std::stol(m[1]), std::stol(m[2])};
+}
+
+// d2l's recipe (lr 0.2, global batch 256) for one epoch, 11 optimizer steps:
+// 4 micro-batches of 32 per rank sum to the gradient of the 128 samples
+// each rank takes in one. Only the order of the float sums differs, which
+// training amplifies from step to step (measured at -np 2: 8e-8 after one
+// epoch, 3e-5 after three).
+TEST(Accumulate, EndsWithTheParametersOfOneBigBatch) {
+  const std::string recipe = kData + " --epochs 1 --quiet";
+  EXPECT_LE(models_differ(2, recipe, 2, recipe + " --accumulate 4"), 1e-5);
+  // The same samples per step as 8 ranks would take: here one rank in 8 parts.
+  EXPECT_LE(models_differ(2, recipe, 1, recipe + " --accumulate 8"), 1e-5);
+}
+
+// no_sync: micro-batches 1..N-1 launch no all-reduce, the last launches every
+// bucket once, so a step all-reduces what it does without accumulation.
+TEST(Accumulate, OnlyTheLastMicroBatchAllReduces) {
+  for (int acc : {1, 4}) {
+    SCOPED_TRACE("--accumulate " + std::to_string(acc));
+    auto r = run_ddp_train(2, "--synthetic 1024 --epochs 2 --batch-size 128 --bucket-cap-mb 0.1 --quiet --accumulate " +
+                                  std::to_string(acc));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const auto [params, buckets] = params_and_buckets(r.out);
+    ASSERT_GT(buckets, 2) << r.out;
+    const json s = summary_of(r);
+    EXPECT_EQ(s["allreduces_per_step"].get<double>(), double(buckets));
+    EXPECT_EQ(s["allreduce_bytes_per_step"].get<double>(), 4.0 * double(params));
+    EXPECT_EQ(s["accumulate"], acc);
+    if (acc > 1) EXPECT_NE(r.out.find("4 micro-batches of 16 per rank per step"), std::string::npos) << r.out;
+  }
+}
+
+TEST(Accumulate, ThatDoesNotDivideTheRanksBatchIsRefused) {
+  expect_failure(run_ddp_train(2, "--synthetic 512 --batch-size 64 --accumulate 3"),
+                 "--accumulate 3 must divide the 32 samples each rank takes per step (--batch-size 64 over 2 ranks)");
+}
+
+TEST(Optimizers, AdamWWithCosineScheduleLearns) {
+  // The subset, 6 epochs: AdamW at PyTorch's defaults but the rate.
+  auto r = run_ddp_train(2, kData + " --epochs 6 --optimizer adamw --lr 0.003 --lr-schedule cosine --warmup-steps 6");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("optimizer adamw (betas 0.9, 0.999, eps 1e-08, weight decay 0.01)"), std::string::npos)
+      << r.out;
+  EXPECT_GE(summary_of(r)["test_acc"].get<double>(), 0.65) << r.out;
+}
+
+TEST(Optimizers, FlagsOfTheOtherOptimizerAreRefused) {
+  expect_failure(run_ddp_train(2, "--optimizer adamw --momentum 0.9"), "--momentum and --nesterov are SGD's");
+  expect_failure(run_ddp_train(2, "--betas 0.9,0.99"), "--betas and --eps are AdamW's; add --optimizer adamw");
+  expect_failure(run_ddp_train(2, "--optimizer adam"), "--optimizer must be sgd or adamw, got 'adam'");
+  expect_failure(run_ddp_train(2, "--optimizer adamw --betas 0.9"), "--betas: '0.9' is not two numbers");
+  expect_failure(run_ddp_train(2, "--lr-step-size 5"), "--lr-step-size is for --lr-schedule step");
+  expect_failure(run_ddp_train(2, "--lr-schedule step"), "--lr-schedule step needs --lr-step-size");
+  expect_failure(run_ddp_train(2, "--synthetic 512 --batch-size 64 --epochs 1 --lr-schedule cosine --warmup-steps 8"),
+                 "--warmup-steps 8 leaves no steps for the cosine: the run has 8 steps");
+}
+
+// The rate of each epoch's last step, as the schedule's formula gives it;
+// --scale-lr multiplies the base by global batch / 256 and says so.
+TEST(LrSchedules, EpochsReportTheRateTheScheduleGives) {
+  const std::string dir = make_temp_dir();
+  // 512 images, global batch 128: 4 steps an epoch, 12 in all.
+  auto r = run_ddp_train(2, "--synthetic 512 --batch-size 128 --epochs 3 --lr 0.4 --scale-lr --lr-schedule step "
+                            "--lr-step-size 3 --lr-gamma 0.5 --warmup-steps 2 --metrics-out " +
+                                dir + "/m.jsonl");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("(--scale-lr: 0.4 x global batch 128 / 256)"), std::string::npos) << r.out;
+  const auto lines = lines_of(read_text(dir + "/m.jsonl"));
+  ASSERT_EQ(lines.size(), 3u);
+  // Base 0.2; steps 3, 7, 11 are 1, 5, 9 after the warm-up: 0.2, 0.2 * 0.5, 0.2 * 0.125.
+  const double want[] = {0.2, 0.1, 0.025};
+  for (size_t e = 0; e < 3; ++e) EXPECT_NEAR(json::parse(lines[e])["lr"].get<double>(), want[e], 1e-12) << e;
+  remove_tree(dir);
+}
+
+class OptimizerResume : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = make_temp_dir(); }
+  void TearDown() override { remove_tree(dir_); }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string dir_;
+};
+
+int64_t newest_step(const std::string& dir) {
+  const auto l = checkpoint::list_checkpoints(dir);
+  return l.empty() ? -1 : checkpoint::decode_checkpoint(l[0], checkpoint::read_file_bytes(l[0])).state.global_step;
+}
+
+// AdamW's moments and step count, the schedule's position, accumulation and
+// clipping: a job killed mid-epoch and resumed ends bit for bit where an
+// uninterrupted one does.
+TEST_F(OptimizerResume, KilledJobWithEveryFeatureOnResumesBitwise) {
+  const std::string recipe =
+      "--synthetic 1200 --batch-size 64 --seed 3 --quiet --epochs 6 --optimizer adamw --lr 0.003 "
+      "--no-decay-norm-bias --lr-schedule cosine --warmup-steps 10 --accumulate 2 --clip-grad-norm 0.5";
+  auto ref = run_ddp_train(2, recipe + " --output-model " + path("ref"));
+  ASSERT_EQ(ref.status, 0) << ref.err;
+  const std::string args = recipe + " --checkpoint-dir " + path("ck") + " --checkpoint-every 5 --resume auto " +
+                           "--output-model " + path("resumed");
+  {
+    BackgroundJob job(2, args);
+    ASSERT_TRUE(wait_until([&] { return newest_step(path("ck")) >= 25; }, 120));
+    job.kill_all();
+    job.wait();
+  }
+  ASSERT_FALSE(fs::exists(path("resumed"))) << "the job finished before it was killed";
+  const auto ck = checkpoint::read_safetensors(checkpoint::list_checkpoints(path("ck"))[0]);
+  for (const char* name : {"optimizer.step", "optimizer.exp_avg.fc2.weight", "optimizer.exp_avg_sq.conv1.bias"})
+    EXPECT_NE(ck.find(name), nullptr) << name;
+  auto r = run_ddp_train(2, args);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("resuming from"), std::string::npos) << r.out;
+  const auto a = checkpoint::read_safetensors(path("ref")), b = checkpoint::read_safetensors(path("resumed"));
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& t : a.tensors) {
+    const auto* u = b.find(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    EXPECT_EQ(t.data, u->data) << t.name << " differs";
+  }
+}
+
+TEST_F(OptimizerResume, AnotherOptimizerIsRefusedNamingBoth) {
+  const std::string base = "--synthetic 512 --batch-size 64 --epochs 1 --checkpoint-dir " + path("ck");
+  ASSERT_EQ(run_ddp_train(2, base + " --momentum 0.9").status, 0);
+  expect_failure(run_ddp_train(2, base + " --epochs 2 --resume auto --optimizer adamw --lr 0.001"),
+                 "optimizer differs: the checkpoint has sgd, this run has adamw");
+  EXPECT_EQ(checkpoint::list_checkpoints(path("ck")).size(), 1u);  // nothing saved was lost
+}
+
+}  // namespace
+}  // namespace ddp::test
