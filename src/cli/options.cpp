@@ -72,6 +72,8 @@ void validate(const train::Config& c, int world_size) {
     usage(per_rank % c.accumulate == 0, "--accumulate ", c.accumulate, " must divide the ", per_rank,
           " samples each rank takes per step (--batch-size ", c.batch_size, " over ", world_size, " ranks)");
   }
+  usage(c.grad_compression == "none" || c.grad_compression == "fp16" || c.grad_compression == "bf16",
+        "--grad-compression must be none, fp16 or bf16, got '", c.grad_compression, "'");
   usage(std::isfinite(c.clip_grad_norm) && c.clip_grad_norm >= 0,
         "--clip-grad-norm must be a positive number (0: no clipping), got ", c.clip_grad_norm);
   usage(c.bucket_cap_mb > 0 && c.bucket_cap_mb <= kMaxBucketCapMb, "--bucket-cap-mb ", c.bucket_cap_mb,
@@ -157,6 +159,8 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     ("scale-lr", "linear scaling rule: lr x global batch / 256", cxxopts::value(c.scale_lr))
     ("accumulate", "micro-batches per optimizer step; only the last all-reduces (default 1)", text())
     ("clip-grad-norm", "clip the global gradient L2 norm to X after the all-reduce (default 0: off)", text())
+    ("grad-compression", "none, fp16 or bf16: gradients all-reduced in 16 bits (half the bytes)",
+         cxxopts::value(c.grad_compression)->default_value(c.grad_compression))
     ("seed", "seed of initial weights, shuffling and synthetic data (default 0)", text())
     ("backend", "auto, mpi or nccl", cxxopts::value(c.backend)->default_value(c.backend))
     ("device", "auto, cpu or cuda", cxxopts::value(c.device)->default_value(c.device))

@@ -47,6 +47,7 @@
 
 #include "ddp/comm/communicator.hpp"
 #include "ddp/core/error.hpp"
+#include "ddp/core/half.hpp"      // float_to_fp16, float_to_bf16 and back: 16-bit all-reduces
 #include "ddp/runtime/mpi_check.hpp"
 
 namespace ddp::comm {
@@ -96,9 +97,9 @@ Polled poll(MPI_Request* req, const MpiOptions& opt, Clock::time_point deadline,
 
 class MpiWork final : public Work {
  public:
-  MpiWork(std::string what, float* data, size_t count, ReduceOp op,
+  MpiWork(std::string what, float* data, size_t count, ReduceOp op, Wire wire,
           std::chrono::milliseconds timeout)
-      : what_(std::move(what)), data_(data), count_(count), op_(op), timeout_(bounded(timeout)) {}
+      : what_(std::move(what)), data_(data), count_(count), op_(op), wire_(wire), timeout_(bounded(timeout)) {}
 
   void wait() override {
     std::unique_lock<std::mutex> lk(mu_);
@@ -122,18 +123,21 @@ class MpiWork final : public Work {
   }
 
   std::string describe() const {
-    return detail::concat(what_, " (", format_bytes(count_ * sizeof(float)), ")");
+    if (wire_ == Wire::F32) return detail::concat(what_, " (", format_bytes(count_ * sizeof(float)), ")");
+    return detail::concat(what_, " (", format_bytes(count_ * sizeof(uint16_t)), " as ", wire_name(wire_), ")");
   }
 
   float* data() const { return data_; }
   size_t count() const { return count_; }
   ReduceOp op() const { return op_; }
+  Wire wire() const { return wire_; }
 
  private:
   const std::string what_;
   float* const data_;
   const size_t count_;
   const ReduceOp op_;
+  const Wire wire_;
   const std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -155,6 +159,8 @@ class MpiCommunicator final : public Communicator {
     DDP_MPI_CHECK(MPI_Comm_set_errhandler(sync_comm_, MPI_ERRORS_RETURN));
     MPI_Comm_set_name(async_comm_, "ddp all-reduce");
     MPI_Comm_set_name(sync_comm_, "ddp blocking");
+    DDP_MPI_CHECK(MPI_Op_create(&add_fp16, /*commute=*/1, &sum_fp16_));
+    DDP_MPI_CHECK(MPI_Op_create(&add_bf16, /*commute=*/1, &sum_bf16_));
     if (size_ > 1) thread_ = std::thread([this] { run(); });
   }
 
@@ -174,7 +180,13 @@ class MpiCommunicator final : public Communicator {
     if (finalized) return;
     // Note [abandoned requests]: a communicator with a request still posted is
     // leaked, and so is that request's staging buffer.
-    if (!abandoned_async_) MPI_Comm_free(&async_comm_);
+    if (!abandoned_async_) {
+      MPI_Comm_free(&async_comm_);
+      MPI_Op_free(&sum_fp16_);
+      MPI_Op_free(&sum_bf16_);
+    } else {
+      new std::vector<uint16_t>(std::move(stage16_));  // the same heap buffer, never freed
+    }
     if (orphans_.empty())
       MPI_Comm_free(&sync_comm_);
     else
@@ -187,7 +199,12 @@ class MpiCommunicator final : public Communicator {
 
   std::shared_ptr<Work> allreduce_async(float* data, size_t count, ReduceOp op,
                                         std::string what) override {
-    auto w = std::make_shared<MpiWork>(std::move(what), data, count, op, timeout_);
+    return allreduce_compressed_async(data, count, op, Wire::F32, std::move(what));
+  }
+
+  std::shared_ptr<Work> allreduce_compressed_async(float* data, size_t count, ReduceOp op, Wire wire,
+                                                   std::string what) override {
+    auto w = std::make_shared<MpiWork>(std::move(what), data, count, op, wire, timeout_);
     DDP_CHECK(data != nullptr || count == 0, w->describe(), ": null buffer");
     // With one rank the sum and the mean are the buffer itself.
     if (size_ == 1 || count == 0) {
@@ -340,11 +357,25 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::string execute(const MpiWork& w) {
+    if (w.wire() != Wire::F32) return execute_16(w);
     float* const data = w.data();
+    if (std::string error = sum_in_place(w, data, sizeof(float), MPI_FLOAT, MPI_SUM); !error.empty()) return error;
+    // Avg is a sum scaled here, off the caller's thread, while it computes.
+    if (w.op() == ReduceOp::Avg) {
+      const float scale = 1.0f / float(size_);
+      for (size_t i = 0; i < w.count(); ++i) data[i] *= scale;
+    }
+    return "";
+  }
+
+  // MPI_Iallreduce of w.count() elements of `type` at buf, in place, in
+  // pieces any MPI count holds, each polled to completion; "" or the error.
+  std::string sum_in_place(const MpiWork& w, void* buf, size_t elem_bytes, MPI_Datatype type, MPI_Op op) {
+    char* const bytes = static_cast<char*>(buf);
     for (size_t off = 0; off < w.count(); off += kMaxFloatsPerCall) {
       const int n = int(std::min(kMaxFloatsPerCall, w.count() - off));
       MPI_Request req;
-      int rc = MPI_Iallreduce(MPI_IN_PLACE, data + off, n, MPI_FLOAT, MPI_SUM, async_comm_, &req);
+      int rc = MPI_Iallreduce(MPI_IN_PLACE, bytes + off * elem_bytes, n, type, op, async_comm_, &req);
       if (rc != MPI_SUCCESS)
         return detail::concat(w.describe(), " failed: MPI_Iallreduce: ", mpi_error_string(rc));
       if (poll(&req, opt_, Clock::time_point::max(), &stop_, &rc) == Polled::Stopped) {
@@ -354,16 +385,44 @@ class MpiCommunicator final : public Communicator {
       if (rc != MPI_SUCCESS)
         return detail::concat(w.describe(), " failed: MPI_Test: ", mpi_error_string(rc));
     }
-    // Avg is a sum scaled here, off the caller's thread, while it computes.
-    if (w.op() == ReduceOp::Avg) {
-      const float scale = 1.0f / float(size_);
-      for (size_t i = 0; i < w.count(); ++i) data[i] *= scale;
-    }
     return "";
+  }
+
+  // Note [16-bit all-reduce]: the floats rounded to 16 bits (divided by the
+  // world size first for Avg), summed by a user-defined MPI operation that
+  // adds two values in float and rounds the sum back (what a 16-bit add
+  // does), then widened into the caller's buffer. All of it on this thread,
+  // off the caller's. The sum's rounding order is Open MPI's, the same on
+  // every rank.
+  std::string execute_16(const MpiWork& w) {
+    const bool bf16 = w.wire() == Wire::BF16;
+    const float pre = w.op() == ReduceOp::Avg ? 1.0f / float(size_) : 1.0f;
+    float* const data = w.data();
+    stage16_.resize(w.count());
+    for (size_t i = 0; i < w.count(); ++i)
+      stage16_[i] = bf16 ? float_to_bf16(data[i] * pre) : float_to_fp16(data[i] * pre);
+    const std::string error = sum_in_place(w, stage16_.data(), sizeof(uint16_t), MPI_UINT16_T,
+                                           bf16 ? sum_bf16_ : sum_fp16_);
+    if (!error.empty()) return error;
+    for (size_t i = 0; i < w.count(); ++i) data[i] = bf16 ? bf16_to_float(stage16_[i]) : fp16_to_float(stage16_[i]);
+    return "";
+  }
+
+  static void add_fp16(void* in, void* inout, int* len, MPI_Datatype*) {
+    const auto* a = static_cast<const uint16_t*>(in);
+    auto* b = static_cast<uint16_t*>(inout);
+    for (int i = 0; i < *len; ++i) b[i] = float_to_fp16(fp16_to_float(a[i]) + fp16_to_float(b[i]));
+  }
+  static void add_bf16(void* in, void* inout, int* len, MPI_Datatype*) {
+    const auto* a = static_cast<const uint16_t*>(in);
+    auto* b = static_cast<uint16_t*>(inout);
+    for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
   }
 
   const MpiOptions opt_;
   int rank_ = 0, size_ = 1;
+  MPI_Op sum_fp16_ = MPI_OP_NULL, sum_bf16_ = MPI_OP_NULL;
+  std::vector<uint16_t> stage16_;  // the communication thread's
   MPI_Comm async_comm_ = MPI_COMM_NULL, sync_comm_ = MPI_COMM_NULL;
 
   std::thread thread_;

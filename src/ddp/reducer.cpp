@@ -57,8 +57,8 @@ std::vector<Bucket> plan_buckets(const std::vector<size_t>& param_numels, size_t
 }
 
 Reducer::Reducer(comm::Communicator& comm, float* grads, const std::vector<size_t>& param_numels,
-                 double bucket_cap_mb, bool overlap)
-    : comm_(comm), grads_(grads), overlap_(overlap) {
+                 double bucket_cap_mb, bool overlap, comm::Wire wire)
+    : comm_(comm), grads_(grads), overlap_(overlap), wire_(wire) {
   DDP_CHECK(std::isfinite(bucket_cap_mb) && bucket_cap_mb > 0,
             "reducer: bucket cap must be a positive number of MiB, got ", bucket_cap_mb);
   const size_t cap = size_t(std::max(1.0, bucket_cap_mb * 1024 * 1024));
@@ -140,9 +140,9 @@ ReducerStats Reducer::finish() {
 void Reducer::launch(size_t k) {
   const Bucket& b = buckets_[k];
   ++launches_;
-  launched_bytes_ += int64_t((b.end - b.begin) * sizeof(float));
-  work_[k] = comm_.allreduce_async(
-      grads_ + b.begin, b.end - b.begin, comm::ReduceOp::Avg,
+  launched_bytes_ += int64_t((b.end - b.begin) * (wire_ == comm::Wire::F32 ? sizeof(float) : sizeof(uint16_t)));
+  work_[k] = comm_.allreduce_compressed_async(
+      grads_ + b.begin, b.end - b.begin, comm::ReduceOp::Avg, wire_,
       detail::concat("all-reduce of bucket ", k, " of ", buckets_.size(), " (parameters ",
                      b.first_param, "..", b.last_param == 0 ? 0 : b.last_param - 1, ")"));
 }

@@ -31,7 +31,11 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
   const nn::Graph& g = model_->graph();
   std::vector<size_t> numels;
   for (const auto& p : g.params) numels.push_back(p.numel);
-  reducer_ = std::make_unique<Reducer>(backend_->comm(), model_->grads(), numels, cfg.bucket_cap_mb, cfg.overlap);
+  const comm::Wire wire = cfg.grad_compression == "fp16"   ? comm::Wire::F16
+                          : cfg.grad_compression == "bf16" ? comm::Wire::BF16
+                                                           : comm::Wire::F32;
+  reducer_ = std::make_unique<Reducer>(backend_->comm(), model_->grads(), numels, cfg.bucket_cap_mb, cfg.overlap,
+                                       wire);
   optimizer_ = std::make_unique<optim::Optimizer>(opt, g.params, dev, backend_->optim_kernels());
   classes_ = static_cast<int>(g.output_shape().numel());
   dlogits_ = dev.alloc(size_t(cfg.batch_size) * size_t(classes_));

@@ -93,6 +93,7 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
   out << "ddp_train: optimizer " << optim::describe(replica.optimizer().options()) << "; lr " << schedule.describe();
   if (cfg.scale_lr)
     out << " (--scale-lr: " << cfg.lr << " x global batch " << cfg.batch_size << " / 256)";
+  if (cfg.grad_compression != "none") out << "; gradients all-reduced as " << cfg.grad_compression;
   if (cfg.accumulate > 1)
     out << "; " << cfg.accumulate << " micro-batches of " << cfg.batch_size / world.size / cfg.accumulate
         << " per rank per step (--accumulate), all-reduce after the last";
@@ -294,6 +295,10 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     backend = make_cpu_backend(std::move(host_comm));
   }
   DDP_CHECK(backend, "--device ", place.device, ": not in this build");
+  if (cfg.grad_compression != "none" && place.device == "cuda")
+    throw UsageError(detail::concat("--grad-compression ", cfg.grad_compression,
+                                    " runs on the CPU's MPI all-reduce only so far; on GPUs use --grad-compression "
+                                    "none (or --device cpu)"));
   auto replica = std::make_unique<Replica>(cfg, optimizer, std::move(backend), std::move(graph));
   comm::Communicator& comm = replica->comm();
   comm.set_timeout(timeout);
@@ -518,6 +523,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
                 {"overlap", cfg.overlap},
                 {"optimizer", cfg.optimizer},
                 {"accumulate", cfg.accumulate},
+                {"grad_compression", cfg.grad_compression},
                 {"allreduces_per_step", allreduces_per_step},
                 {"allreduce_bytes_per_step", allreduce_bytes_per_step},
                 {"test_acc", last_acc},

@@ -15,6 +15,11 @@ namespace ddp::comm {
 
 enum class ReduceOp { Sum, Avg };
 
+// What an all-reduce's floats travel as: themselves, or rounded to 16 bits
+// (PyTorch DDP's fp16_compress_hook / bf16_compress_hook): half the bytes.
+enum class Wire { F32, F16, BF16 };
+const char* wire_name(Wire w);  // "none", "fp16", "bf16": --grad-compression's words
+
 // An operation in flight. wait() returns when it is complete on this rank, and
 // throws ddp::Error when it fails or does not complete within the
 // communicator's timeout (naming the operation and the timeout).
@@ -37,6 +42,13 @@ class Communicator {
   // and every rank must issue the same sequence.
   virtual std::shared_ptr<Work> allreduce_async(float* data, size_t count, ReduceOp op,
                                                 std::string what = "all-reduce") = 0;
+  // The same, the values travelling as `wire`: each rank's floats are
+  // rounded to 16 bits (divided by the world size first for Avg, as
+  // PyTorch's hooks do, so the sum cannot overflow), summed in 16 bits, and
+  // written back as floats. Wire::F32 is allreduce_async; a backend
+  // without 16-bit all-reduces throws ddp::Error for the others.
+  virtual std::shared_ptr<Work> allreduce_compressed_async(float* data, size_t count, ReduceOp op, Wire wire,
+                                                           std::string what);
 
   // Blocking collectives, each bounded by the timeout.
   virtual void broadcast(void* data, size_t bytes, int root, const std::string& what) = 0;

@@ -34,9 +34,10 @@ struct ReducerStats {
 
 class Reducer {
  public:
-  // overlap = false defers every bucket to finish() (to measure the overlap).
+  // overlap = false defers every bucket to finish() (to measure the overlap);
+  // wire is what the gradients travel as (--grad-compression).
   Reducer(comm::Communicator& comm, float* grads, const std::vector<size_t>& param_numels,
-          double bucket_cap_mb, bool overlap = true);
+          double bucket_cap_mb, bool overlap = true, comm::Wire wire = comm::Wire::F32);
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
@@ -54,7 +55,7 @@ class Reducer {
   void set_sync(bool sync) { sync_ = sync; }
   bool sync() const { return sync_; }
 
-  // All-reduces launched since construction, and their bytes.
+  // All-reduces launched since construction, and their bytes on the wire.
   int64_t launches() const { return launches_; }
   int64_t launched_bytes() const { return launched_bytes_; }
 
@@ -66,6 +67,7 @@ class Reducer {
   std::vector<std::shared_ptr<comm::Work>> work_;
   size_t next_ = 0;
   bool overlap_, sync_ = true;
+  comm::Wire wire_;
   int launched_early_ = 0;
   int64_t launches_ = 0, launched_bytes_ = 0;
 };

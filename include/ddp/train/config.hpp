@@ -28,6 +28,7 @@ struct Config {
   bool scale_lr = false;         // lr x global batch / 256
   int accumulate = 1;            // micro-batches per optimizer step (per rank)
   double clip_grad_norm = 0.0;   // > 0: clip the global gradient L2 norm to this
+  std::string grad_compression = "none";  // none | fp16 | bf16: what gradients travel as
   uint64_t seed = 0;
   std::string backend = "auto";  // auto | mpi | nccl
   std::string device = "auto";   // auto | cpu | cuda

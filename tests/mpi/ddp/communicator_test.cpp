@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -66,6 +67,46 @@ TEST(MpiCommunicator, AllreduceAvgOfRankDependentData) {
   for (size_t i = 0; i < n; ++i)
     bad += std::abs(v[i] - sum_over_ranks(comm->size(), i) * scale) > 1e-5f;
   EXPECT_EQ(bad, 0u);
+}
+
+// --grad-compression: small integers and their sums are exact in both
+// 16-bit formats, so the sum must be too, whatever the order of additions.
+TEST(MpiCommunicator, SixteenBitSumsOfSmallIntegersAreExact) {
+  auto comm = make_mpi_communicator(test_world());
+  for (Wire wire : {Wire::F16, Wire::BF16})
+    for (size_t n : {size_t(1), size_t(1 << 20) + 3}) {
+      auto v = rank_data(comm->rank(), n);
+      comm->allreduce_compressed_async(v.data(), n, ReduceOp::Sum, wire, "sum")->wait();
+      expect_sum(v, comm->size(), 1.0f, wire_name(wire));
+    }
+}
+
+// The mean of values 16 bits cannot hold: within the format's rounding of
+// each rank's share and of each partial sum, and the same bits on every rank.
+TEST(MpiCommunicator, SixteenBitMeanIsTheRoundedMeanOnEveryRank) {
+  auto comm = make_mpi_communicator(test_world());
+  const size_t n = 10007;
+  for (Wire wire : {Wire::F16, Wire::BF16}) {
+    SCOPED_TRACE(wire_name(wire));
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = 0.001f * float(i % 97) * (1.0f + 0.37f * float(comm->rank())) - 0.04f;
+    std::vector<double> want(v.begin(), v.end()), scale(n);
+    for (size_t i = 0; i < n; ++i) scale[i] = std::abs(want[i]);
+    comm->allreduce_doubles(want.data(), n, false, "reference sum");
+    comm->allreduce_doubles(scale.data(), n, false, "reference scale");
+    comm->allreduce_compressed_async(v.data(), n, ReduceOp::Avg, wire, "mean")->wait();
+    const double unit = wire == Wire::BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);  // half an ulp, relative
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double mean = want[i] / comm->size(), bound = (comm->size() + 1) * unit * scale[i] / comm->size() + 1e-7;
+      bad += std::abs(double(v[i]) - mean) > bound;
+    }
+    EXPECT_EQ(bad, 0u);
+    std::vector<char> all = comm->allgather(v.data(), n * sizeof(float), "results");
+    for (int r = 1; r < comm->size(); ++r)
+      EXPECT_EQ(std::memcmp(all.data(), all.data() + size_t(r) * n * sizeof(float), n * sizeof(float)), 0)
+          << "rank " << r << " holds other bits than rank 0";
+  }
 }
 
 TEST(MpiCommunicator, ZeroCountIsDoneAtOnce) {

@@ -1,0 +1,23 @@
+// What every backend shares: the words for a wire format, and all-reduces
+// that travel in 16 bits refused where a backend has none.
+#include "ddp/comm/communicator.hpp"
+
+#include "ddp/core/error.hpp"
+
+namespace ddp::comm {
+
+const char* wire_name(Wire w) {
+  switch (w) {
+    case Wire::F16: return "fp16";
+    case Wire::BF16: return "bf16";
+    default: return "none";
+  }
+}
+
+std::shared_ptr<Work> Communicator::allreduce_compressed_async(float* data, size_t count, ReduceOp op, Wire wire,
+                                                               std::string what) {
+  if (wire == Wire::F32) return allreduce_async(data, count, op, std::move(what));
+  DDP_FAIL(what, ": --grad-compression ", wire_name(wire), " is not available on the ", backend(), " backend");
+}
+
+}  // namespace ddp::comm
