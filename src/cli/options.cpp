@@ -67,11 +67,18 @@ void validate(const train::Config& c, int world_size) {
   usage(std::isfinite(c.lr_min) && c.lr_min >= 0 && c.lr_min <= c.lr, "--lr-min must be from 0 to --lr (", c.lr,
         "), got ", c.lr_min);
   range("accumulate", c.accumulate, 1, kMaxBatch);
+  range("log-every", c.log_every, int64_t(0), int64_t(1) << 40, " steps (0: the default)");
   if (c.batch_size % world_size == 0) {
     const int per_rank = c.batch_size / world_size;
     usage(per_rank % c.accumulate == 0, "--accumulate ", c.accumulate, " must divide the ", per_rank,
           " samples each rank takes per step (--batch-size ", c.batch_size, " over ", world_size, " ranks)");
   }
+  usage(c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
+        "--precision must be fp32, bf16 or fp16, got '", c.precision, "'");
+  usage(c.precision == "fp32", "--precision ", c.precision,
+        ": mixed precision is not available in this version of ddp_train (on CPUs it never will be: "
+        "their kernels are fp32); train with --precision fp32, and --grad-compression ", c.precision,
+        " to halve the gradients' bytes");
   usage(c.grad_compression == "none" || c.grad_compression == "fp16" || c.grad_compression == "bf16",
         "--grad-compression must be none, fp16 or bf16, got '", c.grad_compression, "'");
   usage(std::isfinite(c.clip_grad_norm) && c.clip_grad_norm >= 0,
@@ -159,6 +166,8 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     ("scale-lr", "linear scaling rule: lr x global batch / 256", cxxopts::value(c.scale_lr))
     ("accumulate", "micro-batches per optimizer step; only the last all-reduces (default 1)", text())
     ("clip-grad-norm", "clip the global gradient L2 norm to X after the all-reduce (default 0: off)", text())
+    ("precision", "fp32 (mixed precision, bf16 and fp16, is not available yet)",
+         cxxopts::value(c.precision)->default_value(c.precision))
     ("grad-compression", "none, fp16 or bf16: gradients all-reduced in 16 bits (half the bytes)",
          cxxopts::value(c.grad_compression)->default_value(c.grad_compression))
     ("seed", "seed of initial weights, shuffling and synthetic data (default 0)", text())
@@ -173,7 +182,8 @@ Parsed parse_options(int argc, char** argv, int world_size) {
          "(default 60)", text())
     ("metrics-out", "write one JSON object per epoch to FILE", cxxopts::value(c.metrics_out))
     ("output-model", "write the final parameters to FILE.safetensors", cxxopts::value(c.output_model))
-    ("quiet", "no per-epoch lines", cxxopts::value(c.quiet))
+    ("quiet", "no per-epoch or progress lines", cxxopts::value(c.quiet))
+    ("log-every", "progress every N steps (default: a live line on a terminal, else 4 lines an epoch)", text())
     ("checkpoint-dir", "rank 0 writes checkpoints here (at every epoch end)", cxxopts::value(c.checkpoint_dir))
     ("checkpoint-every", "also checkpoint every N global steps (default 0: epoch ends only)", text())
     ("keep-checkpoints", "newest checkpoints kept in --checkpoint-dir (default 3)", text())
@@ -220,6 +230,7 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     read_number(result, "lr-min", c.lr_min);
     read_number(result, "accumulate", c.accumulate);
     read_number(result, "clip-grad-norm", c.clip_grad_norm);
+    read_number(result, "log-every", c.log_every);
     read_number(result, "seed", c.seed);
     read_number(result, "bucket-cap-mb", c.bucket_cap_mb);
     read_number(result, "timeout", c.timeout_sec);

@@ -25,6 +25,7 @@
 
 #include "ddp/comm/device_communicator.hpp"  // DeviceCommunicator, make_mpi_communicator
 #include "ddp/core/error.hpp"                // ddp::Error, DDP_CHECK
+#include "ddp/core/half.hpp"                 // float_to_fp16, float_to_bf16 and back: 16-bit all-reduces
 #include "cuda_comm_util.hpp"                // bounded, quietly, EventPool, stream_done
 #include "ddp/runtime/cuda_check.hpp"        // DDP_CUDA_CHECK, DDP_NCCL_CHECK
 
@@ -43,6 +44,23 @@ using std::chrono::milliseconds;
 // Between two looks at a stream or at NCCL's state: short enough to add
 // little latency to a step, long enough to leave the core to other threads.
 constexpr auto kPollSleep = std::chrono::microseconds(100);
+
+// Note [16-bit all-reduce] (mpi_communicator.cpp), on the GPU: the floats,
+// scaled by pre, rounded to 16 bits into a buffer of the comm stream, summed
+// by NCCL in that format, widened back.
+constexpr int kCastThreads = 256;
+
+__global__ void to_16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y, size_t n, float pre, bool bf16) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    y[i] = bf16 ? float_to_bf16(x[i] * pre) : float_to_fp16(x[i] * pre);
+}
+
+__global__ void from_16_kernel(const uint16_t* __restrict__ y, float* __restrict__ x, size_t n, bool bf16) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    x[i] = bf16 ? bf16_to_float(y[i]) : fp16_to_float(y[i]);
+}
+
+unsigned cast_grid(size_t n) { return unsigned(std::min<size_t>((n + kCastThreads - 1) / kCastThreads, 4096)); }
 // How long the destructor lets ncclCommFinalize flush before aborting: it
 // runs during error handling too, when peers may be gone.
 constexpr milliseconds kFinalizeLimit = std::chrono::seconds(30);
@@ -251,7 +269,15 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
 
   std::shared_ptr<Work> allreduce_async(float* data, size_t count, ReduceOp op,
                                         std::string what) override {
-    const std::string desc = detail::concat(what, " (", format_bytes(count * sizeof(float)), ")");
+    return allreduce_compressed_async(data, count, op, Wire::F32, std::move(what));
+  }
+
+  std::shared_ptr<Work> allreduce_compressed_async(float* data, size_t count, ReduceOp op, Wire wire,
+                                                   std::string what) override {
+    const bool half = wire != Wire::F32, bf16 = wire == Wire::BF16;
+    const std::string desc =
+        half ? detail::concat(what, " (", format_bytes(count * sizeof(uint16_t)), " as ", wire_name(wire), ")")
+             : detail::concat(what, " (", format_bytes(count * sizeof(float)), ")");
     DDP_CHECK(data != nullptr || count == 0, desc, ": null buffer");
     state_->check_usable(desc);
     if (count == 0) return std::make_shared<DoneWork>();
@@ -259,16 +285,31 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
     // Note [device all-reduce order]: after what compute has been given so far.
     DDP_CUDA_CHECK(cudaEventRecord(w->ready(), ctx_.compute()));
     DDP_CUDA_CHECK(cudaStreamWaitEvent(ctx_.comm(), w->ready(), 0));
+    uint16_t* buf = nullptr;
+    if (half) {
+      DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf), count * sizeof(uint16_t), ctx_.comm()));
+      const float pre = op == ReduceOp::Avg ? 1.0f / float(size_) : 1.0f;
+      to_16_kernel<<<cast_grid(count), kCastThreads, 0, ctx_.comm()>>>(data, buf, count, pre, bf16);
+      DDP_CUDA_CHECK_LAUNCH(to_16_kernel);
+    }
     try {
-      DDP_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat32,
-                                   op == ReduceOp::Avg ? ncclAvg : ncclSum, state_->comm,
-                                   ctx_.comm()));
+      if (half)
+        DDP_NCCL_CHECK(ncclAllReduce(buf, buf, count, bf16 ? ncclBfloat16 : ncclFloat16, ncclSum, state_->comm,
+                                     ctx_.comm()));
+      else
+        DDP_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat32, op == ReduceOp::Avg ? ncclAvg : ncclSum,
+                                     state_->comm, ctx_.comm()));
     } catch (const std::exception& e) {
       state_->fail(detail::concat(desc, " failed (nccl): ", e.what()));
     }
     // The done event must follow the collective on the stream, so NCCL must
     // have put it there first (Note [non-blocking nccl]).
     state_->wait_in_progress(desc, timeout());
+    if (half) {
+      from_16_kernel<<<cast_grid(count), kCastThreads, 0, ctx_.comm()>>>(buf, data, count, bf16);
+      DDP_CUDA_CHECK_LAUNCH(from_16_kernel);
+      DDP_CUDA_CHECK(cudaFreeAsync(buf, ctx_.comm()));
+    }
     DDP_CUDA_CHECK(cudaEventRecord(w->done_event(), ctx_.comm()));
     return w;
   }

@@ -79,6 +79,7 @@ struct Job {
   float* data = nullptr;
   size_t count = 0;
   ReduceOp op = ReduceOp::Sum;
+  Wire wire = Wire::F32;    // what the host all-reduce sends (the copies stay fp32)
   milliseconds timeout{0};  // the communicator's, read on the caller's thread
   std::shared_ptr<EventPool> pool;
   cudaEvent_t ready = nullptr;  // on compute: the gradients are written
@@ -198,14 +199,22 @@ class StagedMpiCommunicator final : public cuda_util::HostCollectives {
 
   std::shared_ptr<Work> allreduce_async(float* data, size_t count, ReduceOp op,
                                         std::string what) override {
+    return allreduce_compressed_async(data, count, op, Wire::F32, std::move(what));
+  }
+
+  std::shared_ptr<Work> allreduce_compressed_async(float* data, size_t count, ReduceOp op, Wire wire,
+                                                   std::string what) override {
     auto job = std::make_shared<Job>();
-    job->desc = detail::concat(what, " (", format_bytes(count * sizeof(float)), ")");
+    job->desc = wire == Wire::F32
+                    ? detail::concat(what, " (", format_bytes(count * sizeof(float)), ")")
+                    : detail::concat(what, " (", format_bytes(count * sizeof(uint16_t)), " as ", wire_name(wire), ")");
     DDP_CHECK(data != nullptr || count == 0, job->desc, ": null buffer");
     // With one rank the sum and the mean are the buffer itself.
     if (size_ == 1 || count == 0) return std::make_shared<DoneWork>();
     job->data = data;
     job->count = count;
     job->op = op;
+    job->wire = wire;
     job->timeout = timeout();
     job->pool = pool_;
     job->ready = pool_->get();
@@ -289,7 +298,8 @@ class StagedMpiCommunicator final : public cuda_util::HostCollectives {
     wait_stream(job, "the copy to host");
 
     reduce_mpi_->set_timeout(job.timeout);
-    auto w = reduce_mpi_->allreduce_async(static_cast<float*>(pinned_), job.count, job.op, job.desc);
+    auto w = reduce_mpi_->allreduce_compressed_async(static_cast<float*>(pinned_), job.count, job.op, job.wire,
+                                                     job.desc);
     const auto deadline = Clock::now() + bounded(job.timeout);
     while (!w->done()) {
       if (stopping()) {

@@ -28,6 +28,7 @@
 #include "ddp/train/optim_config.hpp"       // flags -> optimizer options, LR schedule
 #include "ddp/train/preflight.hpp"          // preflight: reachability, duplicate hostnames
 #include "ddp/train/placement.hpp"          // --device/--backend -> this rank's device
+#include "ddp/train/progress.hpp"           // rank 0's live line or step lines
 #include "ddp/train/replica.hpp"            // Replica: the model on its device, the step
 #include "ddp/train/resume.hpp"             // checkpoint contents, resume point
 #include "ddp/train/run_paths.hpp"          // check_run_paths: paths and the checkpoint directory's lock
@@ -296,9 +297,11 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   }
   DDP_CHECK(backend, "--device ", place.device, ": not in this build");
   if (cfg.grad_compression != "none" && place.device == "cuda")
+    // The GPU communicators have it too (tests/mpi/cuda), but it has not run
+    // on a GPU yet: refused until it has.
     throw UsageError(detail::concat("--grad-compression ", cfg.grad_compression,
-                                    " runs on the CPU's MPI all-reduce only so far; on GPUs use --grad-compression "
-                                    "none (or --device cpu)"));
+                                    " is not yet available with GPUs (--device cuda); use --grad-compression none, "
+                                    "or --device cpu"));
   auto replica = std::make_unique<Replica>(cfg, optimizer, std::move(backend), std::move(graph));
   comm::Communicator& comm = replica->comm();
   comm.set_timeout(timeout);
@@ -358,6 +361,10 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     return static_cast<int>(sig);
   };
 
+  std::unique_ptr<Progress> progress;
+  if (leader && !cfg.quiet)
+    progress = std::make_unique<Progress>(out, &out == &std::cout && Progress::stdout_is_terminal(), cfg.log_every,
+                                          cfg.epochs, steps, cfg.batch_size);
   std::vector<double> epoch_secs, rates;
   double allreduces_per_step = 0, allreduce_bytes_per_step = 0;
   double last_loss = 0, last_acc = 0, last_train_acc = 0;
@@ -380,8 +387,11 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     if (first_step > 0) resumed_sec = state.epoch_train_sec;
     const auto t0 = Clock::now();
     int64_t step = first_step;
-    auto add_steps = [&sums, &replica]() {
+    if (progress) progress->start_epoch(epoch, first_step);
+    double run_loss = 0, run_samples = 0;  // this rank's, this run: the progress line's
+    auto add_steps = [&sums, &replica, &run_loss]() {
       const StepSums s = replica->take_sums();
+      run_loss += s.loss;
       sums.loss += s.loss;
       sums.correct += s.correct;
       sums.comm_wait += s.comm_wait;
@@ -393,9 +403,14 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       const StepHealth health = replica->train_step(batch, schedule.at(state.global_step));
       if (!health.grads_finite) diverged(comm, health, epoch, step + 1, state.global_step + 1);
       sums.samples += batch.size;
+      run_samples += batch.size;
       ++step;
       ++state.global_step;
       state.samples_consumed += cfg.batch_size;
+      if (progress && progress->due(step)) {
+        add_steps();  // rank 0's alone: on a GPU this waits for its device, no other rank
+        progress->show(step, run_loss / run_samples);
+      }
       if (!checkpointing || step == steps) continue;  // the epoch's end saves below
       const int sig = stop_requested();
       const bool due = cfg.checkpoint_every > 0 && state.global_step % cfg.checkpoint_every == 0;
@@ -415,7 +430,8 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       const std::string path = save(s);
       if (sig) {
         if (leader)
-          out << "ddp_train: stopped by signal " << sig << " at epoch " << epoch + 1 << ", step " << step
+          out << (progress ? progress->epoch_line_prefix() : "") << "ddp_train: stopped by signal " << sig
+              << " at epoch " << epoch + 1 << ", step " << step
               << "; checkpoint " << path << "; rerun with --resume auto to continue\n"
               << std::flush;
         comm.barrier("stop after checkpoint");
@@ -458,7 +474,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
                       "comm_wait %.3fs  lr %.4g",
                       static_cast<long long>(epoch + 1), cfg.epochs, last_loss, last_train_acc, test_acc, train_sec,
                       rate, totals[3] / world.size, lr);
-        out << line;
+        out << progress->epoch_line_prefix() << line;
         if (cfg.clip_grad_norm > 0) {
           std::snprintf(line, sizeof(line), "  grad_norm %.4g", grad_norm);
           out << line;

@@ -54,7 +54,9 @@ TEST(Accumulate, OnlyTheLastMicroBatchAllReduces) {
     EXPECT_EQ(s["allreduces_per_step"].get<double>(), double(buckets));
     EXPECT_EQ(s["allreduce_bytes_per_step"].get<double>(), 4.0 * double(params));
     EXPECT_EQ(s["accumulate"], acc);
-    if (acc > 1) EXPECT_NE(r.out.find("4 micro-batches of 16 per rank per step"), std::string::npos) << r.out;
+    if (acc > 1) {
+      EXPECT_NE(r.out.find("4 micro-batches of 16 per rank per step"), std::string::npos) << r.out;
+    }
   }
 }
 
@@ -128,6 +130,11 @@ TEST(GradCompression, HalvesTheBytesAndLearnsAsFp32) {
   EXPECT_GE(acc["none"], 0.72);
   EXPECT_NEAR(acc["bf16"], acc["none"], 0.015);
   EXPECT_NEAR(acc["fp16"], acc["none"], 0.015);
+}
+
+TEST(Precision, MixedPrecisionIsRefusedClearly) {
+  expect_failure(run_ddp_train(2, "--precision bf16"), "--precision bf16: mixed precision is not available");
+  expect_failure(run_ddp_train(2, "--precision fp8"), "--precision must be fp32, bf16 or fp16, got 'fp8'");
 }
 
 TEST(GradCompression, UnknownFormatIsRefused) {

@@ -15,6 +15,31 @@ namespace {
 
 using json = nlohmann::json;
 
+// Not on a terminal (a pipe, as in a Slurm log): plain step lines, four an
+// epoch by default or every --log-every steps, never a carriage return or
+// an escape code; --quiet has none.
+TEST(Training, ProgressOffATerminalIsPlainStepLines) {
+  // 1536 images at global batch 128: 12 steps an epoch.
+  const std::string args = "--synthetic 1536 --batch-size 128 --epochs 2";
+  for (const auto& [extra, per_epoch] : {std::pair<std::string, int>{"", 3}, {" --log-every 5", 2}}) {
+    SCOPED_TRACE(extra);
+    auto r = run_ddp_train(2, args + extra);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out.find('\r'), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+    for (int e = 1; e <= 2; ++e) {
+      int lines = 0;
+      for (const auto& l : lines_of(r.out))
+        lines += l.rfind("step ", 0) == 0 && l.find("  epoch " + std::to_string(e) + "/2  loss ") != l.npos &&
+                 l.find(" samples/s  elapsed ") != l.npos;
+      EXPECT_EQ(lines, per_epoch) << "epoch " << e << ":\n" << r.out;
+    }
+  }
+  auto q = run_ddp_train(2, args + " --quiet");
+  ASSERT_EQ(q.status, 0) << q.err;
+  EXPECT_EQ(q.out.find("step "), std::string::npos) << q.out;
+}
+
 TEST(Training, SummaryMetricsAndStartupTable) {
   const std::string dir = make_temp_dir();
   auto r = run_ddp_train(4, "--synthetic 2000 --epochs 3 --batch-size 128 --metrics-out " + dir + "/m.jsonl");

@@ -29,6 +29,7 @@ struct Config {
   int accumulate = 1;            // micro-batches per optimizer step (per rank)
   double clip_grad_norm = 0.0;   // > 0: clip the global gradient L2 norm to this
   std::string grad_compression = "none";  // none | fp16 | bf16: what gradients travel as
+  std::string precision = "fp32";  // the only one so far: bf16 and fp16 are refused
   uint64_t seed = 0;
   std::string backend = "auto";  // auto | mpi | nccl
   std::string device = "auto";   // auto | cpu | cuda
@@ -39,7 +40,8 @@ struct Config {
   double preflight_timeout_sec = 60.0;  // bound on the start-up check that every rank is reachable
   std::string metrics_out;       // JSON lines, one per epoch
   std::string output_model;      // safetensors of the final parameters
-  bool quiet = false;            // no per-epoch lines (summary still printed)
+  bool quiet = false;            // no per-epoch or progress lines (summary still printed)
+  int64_t log_every = 0;         // progress every N steps (0: every step on a terminal, else 4 an epoch)
 
   // Checkpoints (rank 0 writes; every rank resumes).
   std::string checkpoint_dir;    // empty: no checkpoints

@@ -123,6 +123,22 @@ inline void check_sizes(comm::DeviceCommunicator& comm, cuda::Context& ctx) {
     for (comm::ReduceOp op : {comm::ReduceOp::Sum, comm::ReduceOp::Avg}) check_allreduce(comm, ctx, n, op);
 }
 
+// --grad-compression on device memory: small integers, their means over a
+// power-of-two world and every partial sum are exact in both 16-bit
+// formats, so the result must equal the fp32 one.
+inline void check_compressed(comm::DeviceCommunicator& comm, cuda::Context& ctx) {
+  for (comm::Wire wire : {comm::Wire::F16, comm::Wire::BF16})
+    for (size_t n : {size_t(1), size_t(1000), size_t(1) << 20})
+      for (comm::ReduceOp op : {comm::ReduceOp::Sum, comm::ReduceOp::Avg}) {
+        cuda::DeviceBuffer buf(ctx, n);
+        upload(ctx, buf.data(), rank_data(comm.rank(), n));
+        comm.allreduce_compressed_async(buf.data(), n, op, wire, "test all-reduce")->wait();
+        const std::vector<float> got = download(ctx, buf.data(), n);
+        EXPECT_EQ(count_wrong(got, comm.size(), op), 0u)
+            << n << " values as " << comm::wire_name(wire) << ", " << (op == comm::ReduceOp::Avg ? "avg" : "sum");
+      }
+}
+
 // Several all-reduces issued before any wait, one buffer twice: they complete
 // in issue order (the second sum sees the first's result), waited in reverse.
 inline void check_in_flight(comm::DeviceCommunicator& comm, cuda::Context& ctx) {
