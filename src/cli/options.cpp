@@ -76,8 +76,8 @@ void validate(const train::Config& c, int world_size) {
   usage(c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
         "--precision must be fp32, bf16 or fp16, got '", c.precision, "'");
   usage(c.precision == "fp32", "--precision ", c.precision,
-        ": mixed precision is not available in this version of ddp_train (on CPUs it never will be: "
-        "their kernels are fp32); train with --precision fp32, and --grad-compression ", c.precision,
+        ": mixed precision is not available in this version of ddp_train (the CPU kernels are fp32 "
+        "only); train with --precision fp32, and --grad-compression ", c.precision,
         " to halve the gradients' bytes");
   usage(c.grad_compression == "none" || c.grad_compression == "fp16" || c.grad_compression == "bf16",
         "--grad-compression must be none, fp16 or bf16, got '", c.grad_compression, "'");

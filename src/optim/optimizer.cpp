@@ -1,7 +1,10 @@
 #include "ddp/optim/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "ddp/core/error.hpp"
 
