@@ -5,7 +5,24 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ddp/checkpoint/checkpoint.hpp"  // list_checkpoints, decode_checkpoint
+
 namespace ddp::test {
+
+void expect_bitwise_equal(const checkpoint::SafetensorsFile& a, const checkpoint::SafetensorsFile& b) {
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& t : a.tensors) {
+    const auto* u = b.find(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    EXPECT_EQ(t.data, u->data) << t.name << " differs";
+    EXPECT_EQ(t.ints, u->ints) << t.name << " differs";
+  }
+}
+
+int64_t newest_checkpoint_step(const std::string& dir) {
+  const auto l = checkpoint::list_checkpoints(dir);
+  return l.empty() ? -1 : checkpoint::decode_checkpoint(l[0], checkpoint::read_file_bytes(l[0])).state.global_step;
+}
 
 nlohmann::json summary_of(const RunResult& r) {
   nlohmann::json found;

@@ -20,6 +20,13 @@ void expect_failure(const RunResult& r, const std::string& needle);
 // The run's {"event":"summary"} line, parsed (null when there is none).
 nlohmann::json summary_of(const RunResult& r);
 
+// Every tensor of a in b with the same bits (floats and integers), and no
+// other tensor in b.
+void expect_bitwise_equal(const checkpoint::SafetensorsFile& a, const checkpoint::SafetensorsFile& b);
+
+// The global step of the newest checkpoint in dir that decodes; -1: none.
+int64_t newest_checkpoint_step(const std::string& dir);
+
 // Max |a - b| over all tensors, relative to max |a|; a missing tensor or a
 // shape mismatch is a test failure.
 double max_rel_diff(const checkpoint::SafetensorsFile& a, const checkpoint::SafetensorsFile& b);

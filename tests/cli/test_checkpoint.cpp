@@ -27,20 +27,6 @@ const std::string kRecipe = "--synthetic 1200 --batch-size 64 --lr 0.05 --moment
 
 checkpoint::SafetensorsFile model_file(const std::string& path) { return checkpoint::read_safetensors(path); }
 
-void expect_bitwise_equal(const checkpoint::SafetensorsFile& a, const checkpoint::SafetensorsFile& b) {
-  ASSERT_EQ(a.tensors.size(), b.tensors.size());
-  for (const auto& t : a.tensors) {
-    const auto* u = b.find(t.name);
-    ASSERT_NE(u, nullptr) << t.name;
-    EXPECT_EQ(t.data, u->data) << t.name << " differs";
-  }
-}
-
-int64_t newest_step(const std::string& dir) {
-  const auto l = list_checkpoints(dir);
-  return l.empty() ? -1 : checkpoint::decode_checkpoint(l[0], checkpoint::read_file_bytes(l[0])).state.global_step;
-}
-
 class Checkpoint : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = make_temp_dir(); }
@@ -65,12 +51,12 @@ TEST_F(Checkpoint, KilledJobResumesBitwiseIdentical) {
   {
     BackgroundJob job(2, args);
     // Kill the whole job (launcher and ranks) once it is well into epoch 2.
-    ASSERT_TRUE(wait_until([&] { return newest_step(path("ck")) >= 28; }, 120));
+    ASSERT_TRUE(wait_until([&] { return newest_checkpoint_step(path("ck")) >= 28; }, 120));
     job.kill_all();
     job.wait();
   }
   ASSERT_FALSE(fs::exists(path("resumed"))) << "the job finished before it was killed";
-  const int64_t at = newest_step(path("ck"));
+  const int64_t at = newest_checkpoint_step(path("ck"));
   ASSERT_GT(at, 0);
   auto r = run_ddp_train(2, args);
   ASSERT_EQ(r.status, 0) << r.err;
@@ -108,7 +94,7 @@ TEST_F(Checkpoint, RepeatedKillsNeverLeaveTheDirectoryWithoutALoadableCheckpoint
     SCOPED_TRACE("round " + std::to_string(round));
     BackgroundJob job(2, args);
     // A checkpoint every step: kill while rank 0 is writing the next ones.
-    ASSERT_TRUE(wait_until([&] { return newest_step(path("ck")) >= last + 3 + round; }, 120));
+    ASSERT_TRUE(wait_until([&] { return newest_checkpoint_step(path("ck")) >= last + 3 + round; }, 120));
     job.kill_all();
     job.wait();
     const auto files = list_checkpoints(path("ck"));
@@ -133,7 +119,7 @@ TEST_F(Checkpoint, SigtermToMpirunCheckpointsAndResumesExactly) {
   {
     BackgroundJob job(2, args);
     // Once the first epoch's checkpoint exists, training is under way.
-    ASSERT_TRUE(wait_until([&] { return newest_step(path("ck")) >= 18; }, 120));
+    ASSERT_TRUE(wait_until([&] { return newest_checkpoint_step(path("ck")) >= 18; }, 120));
     job.signal_launcher(SIGTERM);
     stopped = job.wait();
   }
@@ -149,11 +135,11 @@ TEST_F(Checkpoint, StoppedRankExitsWithTheDocumentedStatus) {
   // Without mpirun in between, the rank's own exit status is seen.
   const std::string args = kRecipe + " --epochs 50 --checkpoint-dir " + path("ck");
   BackgroundJob job(0, args);
-  ASSERT_TRUE(wait_until([&] { return newest_step(path("ck")) >= 18; }, 120));
+  ASSERT_TRUE(wait_until([&] { return newest_checkpoint_step(path("ck")) >= 18; }, 120));
   job.signal_launcher(SIGTERM);
   const auto r = job.wait();
   EXPECT_EQ(r.status, 75) << r.out << r.err;
-  EXPECT_GT(newest_step(path("ck")), 18);
+  EXPECT_GT(newest_checkpoint_step(path("ck")), 18);
 }
 
 class BadCheckpoint : public Checkpoint {
