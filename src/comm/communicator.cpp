@@ -2,6 +2,8 @@
 // that travel in 16 bits refused where a backend has none.
 #include "ddp/comm/communicator.hpp"
 
+#include <cstdint>
+
 #include "ddp/core/error.hpp"
 
 namespace ddp::comm {
@@ -12,6 +14,13 @@ const char* wire_name(Wire w) {
     case Wire::BF16: return "bf16";
     default: return "none";
   }
+}
+
+size_t wire_bytes(Wire w) { return w == Wire::F32 ? sizeof(float) : sizeof(uint16_t); }
+
+std::string allreduce_label(const std::string& what, size_t count, Wire w) {
+  if (w == Wire::F32) return detail::concat(what, " (", format_bytes(count * wire_bytes(w)), ")");
+  return detail::concat(what, " (", format_bytes(count * wire_bytes(w)), " as ", wire_name(w), ")");
 }
 
 std::shared_ptr<Work> Communicator::allreduce_compressed_async(float* data, size_t count, ReduceOp op, Wire wire,

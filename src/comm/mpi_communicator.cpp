@@ -122,10 +122,7 @@ class MpiWork final : public Work {
     cv_.notify_all();
   }
 
-  std::string describe() const {
-    if (wire_ == Wire::F32) return detail::concat(what_, " (", format_bytes(count_ * sizeof(float)), ")");
-    return detail::concat(what_, " (", format_bytes(count_ * sizeof(uint16_t)), " as ", wire_name(wire_), ")");
-  }
+  std::string describe() const { return allreduce_label(what_, count_, wire_); }
 
   float* data() const { return data_; }
   size_t count() const { return count_; }

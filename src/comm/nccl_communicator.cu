@@ -275,9 +275,7 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
   std::shared_ptr<Work> allreduce_compressed_async(float* data, size_t count, ReduceOp op, Wire wire,
                                                    std::string what) override {
     const bool half = wire != Wire::F32, bf16 = wire == Wire::BF16;
-    const std::string desc =
-        half ? detail::concat(what, " (", format_bytes(count * sizeof(uint16_t)), " as ", wire_name(wire), ")")
-             : detail::concat(what, " (", format_bytes(count * sizeof(float)), ")");
+    const std::string desc = allreduce_label(what, count, wire);
     DDP_CHECK(data != nullptr || count == 0, desc, ": null buffer");
     state_->check_usable(desc);
     if (count == 0) return std::make_shared<DoneWork>();

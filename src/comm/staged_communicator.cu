@@ -205,9 +205,7 @@ class StagedMpiCommunicator final : public cuda_util::HostCollectives {
   std::shared_ptr<Work> allreduce_compressed_async(float* data, size_t count, ReduceOp op, Wire wire,
                                                    std::string what) override {
     auto job = std::make_shared<Job>();
-    job->desc = wire == Wire::F32
-                    ? detail::concat(what, " (", format_bytes(count * sizeof(float)), ")")
-                    : detail::concat(what, " (", format_bytes(count * sizeof(uint16_t)), " as ", wire_name(wire), ")");
+    job->desc = allreduce_label(what, count, wire);
     DDP_CHECK(data != nullptr || count == 0, job->desc, ": null buffer");
     // With one rank the sum and the mean are the buffer itself.
     if (size_ == 1 || count == 0) return std::make_shared<DoneWork>();

@@ -140,7 +140,7 @@ ReducerStats Reducer::finish() {
 void Reducer::launch(size_t k) {
   const Bucket& b = buckets_[k];
   ++launches_;
-  launched_bytes_ += int64_t((b.end - b.begin) * (wire_ == comm::Wire::F32 ? sizeof(float) : sizeof(uint16_t)));
+  launched_bytes_ += int64_t((b.end - b.begin) * comm::wire_bytes(wire_));
   work_[k] = comm_.allreduce_compressed_async(
       grads_ + b.begin, b.end - b.begin, comm::ReduceOp::Avg, wire_,
       detail::concat("all-reduce of bucket ", k, " of ", buckets_.size(), " (parameters ",

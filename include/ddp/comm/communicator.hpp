@@ -19,6 +19,10 @@ enum class ReduceOp { Sum, Avg };
 // (PyTorch DDP's fp16_compress_hook / bf16_compress_hook): half the bytes.
 enum class Wire { F32, F16, BF16 };
 const char* wire_name(Wire w);  // "none", "fp16", "bf16": --grad-compression's words
+size_t wire_bytes(Wire w);      // bytes per value on the wire: 4 or 2
+// What errors call an all-reduce of count values: "what (1.5 MiB)", or
+// "what (768 KiB as bf16)" when it travels in 16 bits.
+std::string allreduce_label(const std::string& what, size_t count, Wire w);
 
 // An operation in flight. wait() returns when it is complete on this rank, and
 // throws ddp::Error when it fails or does not complete within the
