@@ -11,6 +11,7 @@ packages=(
   libcxxopts-dev nlohmann-json3-dev  # CLI, JSON
   zlib1g-dev                         # gzip IDX files
   libgtest-dev                       # tests
+  jq                                 # launch/merge-traces: the ranks' --trace files as one
   python3 python3-numpy              # checks of written model files
   python3-torch                      # the same files in PyTorch's definitions (tests/python)
   iproute2                           # tests/netns: two fake hosts (ip netns, veth)

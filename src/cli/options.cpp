@@ -184,6 +184,11 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     ("output-model", "write the final parameters to FILE.safetensors", cxxopts::value(c.output_model))
     ("quiet", "no per-epoch or progress lines", cxxopts::value(c.quiet))
     ("log-every", "progress every N steps (default: a live line on a terminal, else 4 lines an epoch)", text())
+    ("trace", "Chrome trace JSON of each rank's steps to FILE (FILE.rankR.json; Perfetto, chrome://tracing)",
+         cxxopts::value(c.trace))
+    ("trace-steps", "A:B: the global steps --trace records, inclusive (default 1:50)", text())
+    ("tensorboard", "TensorBoard event files in DIR (rank 0): scalars per step and per epoch",
+         cxxopts::value(c.tensorboard))
     ("checkpoint-dir", "rank 0 writes checkpoints here (at every epoch end)", cxxopts::value(c.checkpoint_dir))
     ("checkpoint-every", "also checkpoint every N global steps (default 0: epoch ends only)", text())
     ("keep-checkpoints", "newest checkpoints kept in --checkpoint-dir (default 3)", text())
@@ -231,6 +236,21 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     read_number(result, "accumulate", c.accumulate);
     read_number(result, "clip-grad-norm", c.clip_grad_norm);
     read_number(result, "log-every", c.log_every);
+    if (result.count("trace-steps")) {
+      const std::string w = result["trace-steps"].as<std::string>();
+      const size_t colon = w.find(':');
+      size_t u1 = 0, u2 = 0;
+      try {
+        c.trace_first = std::stoll(w.substr(0, colon), &u1);
+        if (colon != std::string::npos) c.trace_last = std::stoll(w.substr(colon + 1), &u2);
+      } catch (const std::exception&) {
+        u1 = 0;
+      }
+      if (colon == std::string::npos || u1 != colon || u2 != w.size() - colon - 1 || c.trace_first < 1 ||
+          c.trace_last < c.trace_first)
+        throw UsageError("--trace-steps: '" + w + "' is not A:B with 1 <= A <= B (global steps, e.g. 10:20)");
+      if (c.trace.empty()) throw UsageError("--trace-steps says which steps --trace records; add --trace FILE");
+    }
     read_number(result, "seed", c.seed);
     read_number(result, "bucket-cap-mb", c.bucket_cap_mb);
     read_number(result, "timeout", c.timeout_sec);

@@ -117,9 +117,15 @@ class MpiWork final : public Work {
     {
       std::lock_guard<std::mutex> lk(mu_);
       finished_ = true;
+      finished_at_ = std::chrono::steady_clock::now();
       error_ = std::move(error);
     }
     cv_.notify_all();
+  }
+
+  std::chrono::steady_clock::time_point finished_at() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return finished_at_;
   }
 
   std::string describe() const { return allreduce_label(what_, count_, wire_); }
@@ -136,9 +142,10 @@ class MpiWork final : public Work {
   const ReduceOp op_;
   const Wire wire_;
   const std::chrono::milliseconds timeout_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   bool finished_ = false;
+  std::chrono::steady_clock::time_point finished_at_;
   std::string error_;
 };
 

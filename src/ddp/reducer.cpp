@@ -22,6 +22,8 @@ constexpr size_t kFirstBucketCapBytes = size_t(1) << 20;
 // communicator's staging copy stays small.
 constexpr size_t kBroadcastChunkFloats = size_t(16) << 20;
 
+double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
 uint64_t fnv1a(uint64_t h, uint64_t v) {
   for (int i = 0; i < 8; ++i) {
     h ^= (v >> (8 * i)) & 0xff;
@@ -67,6 +69,7 @@ Reducer::Reducer(comm::Communicator& comm, float* grads, const std::vector<size_
   DDP_CHECK(grads_ != nullptr || total == 0, "reducer: null gradient buffer for ", total,
             " elements");
   work_.resize(buckets_.size());
+  launched_at_.resize(buckets_.size());
 
   // Note [bucket order]: every rank must issue the same all-reduces, so a
   // model or cap that differs between ranks is an error now rather than a
@@ -121,6 +124,7 @@ ReducerStats Reducer::finish() {
     return stats;
   }
   stats.buckets_launched_early = launched_early_;
+  const auto called = std::chrono::steady_clock::now();
   while (next_ < buckets_.size()) launch(next_++);
   const auto t0 = std::chrono::steady_clock::now();
   // Whatever happens, the next step starts from a clean slate.
@@ -132,13 +136,36 @@ ReducerStats Reducer::finish() {
       r.launched_early_ = 0;
     }
   } reset{*this};
-  for (auto& w : work_) w->wait();  // the messages name the bucket (launch)
-  stats.wait_sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::chrono::steady_clock::time_point covered{};  // the in-flight time counted so far ends here
+  for (size_t k = 0; k < work_.size(); ++k) {
+    work_[k]->wait();  // the messages name the bucket (launch)
+    auto done = work_[k]->finished_at();
+    if (done == std::chrono::steady_clock::time_point{}) done = std::chrono::steady_clock::now();
+    // Buckets launch in index order, so the union of their in-flight
+    // intervals is a sweep in that order.
+    const auto begin = std::max(launched_at_[k], covered);
+    if (done > begin) {
+      stats.comm_sec += seconds(done - begin);
+      if (called > begin) stats.hidden_sec += seconds(std::min(done, called) - begin);
+      covered = done;
+    }
+    if (trace_ && trace_->active()) {
+      const Bucket& b = buckets_[k];
+      trace_->span(Trace::kFirstBucket + int(k), "comm", detail::concat("all-reduce bucket ", k), launched_at_[k],
+                   done,
+                   {{"step", trace_->step()},
+                    {"bucket", int64_t(k)},
+                    {"bytes", int64_t((b.end - b.begin) * comm::wire_bytes(wire_))},
+                    {"params", int64_t(b.last_param - b.first_param)}});
+    }
+  }
+  stats.wait_sec = seconds(std::chrono::steady_clock::now() - t0);
   return stats;
 }
 
 void Reducer::launch(size_t k) {
   const Bucket& b = buckets_[k];
+  launched_at_[k] = std::chrono::steady_clock::now();
   ++launches_;
   launched_bytes_ += int64_t((b.end - b.begin) * comm::wire_bytes(wire_));
   work_[k] = comm_.allreduce_compressed_async(

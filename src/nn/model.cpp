@@ -156,6 +156,8 @@ const float* Model::forward(const float* x, int batch, Mode mode) {
     for (size_t j = 0; j < op.inputs.size(); ++j) a.x[j] = op.inputs[j] == 0 ? x : value(op.inputs[j]);
     a.y = value(int(i) + 1);
     a.counter = graph_.op_counter[i] >= 0 ? &counters_[size_t(graph_.op_counter[i])] : nullptr;
+    TraceScope span(mode == Mode::Train ? trace_ : nullptr, Trace::kStep, "forward",
+                    trace_ && trace_->active() ? detail::concat(op.name, " (", to_string(op.kind), ")") : "");
     kernels_[i]->forward(a);
   }
   last_batch_ = mode == Mode::Train ? batch : -1;
@@ -190,6 +192,8 @@ void Model::backward(const float* dlogits, int batch, const std::function<void(s
       }
     }
     DDP_CHECK(add_later.size() <= 1, "model ", name(), ": op ", op.name, " reads one value more than twice");
+    TraceScope span(trace_, Trace::kStep, "backward",
+                    trace_ && trace_->active() ? detail::concat(op.name, " (", to_string(op.kind), ")") : "");
     kernels_[i]->backward(args_[i], dy, dx);
     for (size_t j : add_later) {
       const int v = op.inputs[j];

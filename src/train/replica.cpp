@@ -1,12 +1,16 @@
 // Replica (replica.hpp): the step, the same on every device.
 #include "ddp/train/replica.hpp"
 
+#include <chrono>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "ddp/core/error.hpp"
 
 namespace ddp::train {
+
+using Clock = std::chrono::steady_clock;
 
 // SyncBatchNorm's sums, over the backend's communicator (host memory,
 // blocking, bounded by its timeout).
@@ -61,12 +65,30 @@ void Replica::pull_buffers(nn::ModelState& s) {
   model_->get_buffers(s);
 }
 
+void Replica::set_trace(Trace* trace) {
+  trace_ = trace;
+  model_->set_trace(trace);
+  reducer_->set_trace(trace);
+}
+
 StepHealth Replica::train_step(const data::Batch& b, double lr) {
   DDP_CHECK(size_t(b.size) * size_t(classes_) <= dlogits_->size(), "a batch of ", b.size,
             " is larger than the global batch");
   DDP_CHECK(b.size % accumulate_ == 0, "a batch of ", b.size, " does not split into ", accumulate_,
             " micro-batches (--accumulate)");
+  times_ = StepTimes{};
+  // Each part's clock runs from the previous part's end, so the parts add up
+  // to the step.
+  auto mark = Clock::now();
+  auto lap = [&mark](double& part) {
+    const auto now = Clock::now();
+    part += std::chrono::duration<double>(now - mark).count();
+    mark = now;
+  };
+  std::optional<TraceScope> stage_span(std::in_place, trace_, Trace::kStep, "data", "stage batch");
   const auto [x, y] = backend_->stage(b);
+  stage_span.reset();
+  lap(times_.data);
   const int micro = b.size / accumulate_;
   const size_t sample = b.x.size() / size_t(b.size);
   model_->zero_grads();
@@ -78,23 +100,44 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
   // Only the last backward communicates (no_sync before it).
   for (int k = 0; k < accumulate_; ++k) {
     const bool last = k == accumulate_ - 1;
-    const float* logits = model_->forward(x + size_t(k) * micro * sample, micro, nn::Mode::Train);
-    if (const auto loss = backend_->loss(logits, y + size_t(k) * micro, micro, classes_, dlogits_->data(), b.size)) {
-      health.loss += *loss / accumulate_;
-      health.loss_finite = health.loss_finite && std::isfinite(*loss);
+    {
+      TraceScope span(trace_, Trace::kStep, "forward", "forward");
+      const float* logits = model_->forward(x + size_t(k) * micro * sample, micro, nn::Mode::Train);
+      TraceScope loss_span(trace_, Trace::kStep, "forward", "loss");
+      if (const auto loss =
+              backend_->loss(logits, y + size_t(k) * micro, micro, classes_, dlogits_->data(), b.size)) {
+        health.loss += *loss / accumulate_;
+        health.loss_finite = health.loss_finite && std::isfinite(*loss);
+      }
     }
-    reducer_->set_sync(last);
-    reducer_->begin_backward();
-    model_->backward(dlogits_->data(), micro, [this](size_t n) { reducer_->grads_ready(n); });
-    if (!last) reducer_->finish();  // communicates nothing
+    lap(times_.forward);
+    {
+      TraceScope span(trace_, Trace::kStep, "backward", "backward");
+      reducer_->set_sync(last);
+      reducer_->begin_backward();
+      model_->backward(dlogits_->data(), micro, [this](size_t n) { reducer_->grads_ready(n); });
+      if (!last) reducer_->finish();  // communicates nothing
+    }
+    lap(times_.backward);
   }
-  comm_wait_ += reducer_->finish().wait_sec;
+  {
+    TraceScope span(trace_, Trace::kStep, "comm", "wait for all-reduces");
+    const ReducerStats r = reducer_->finish();
+    comm_wait_ += r.wait_sec;
+    times_.comm_busy = r.comm_sec;
+    times_.hidden = r.hidden_sec;
+  }
+  lap(times_.comm);
   allreduces_ += double(reducer_->launches() - launched);
   allreduce_bytes_ += double(reducer_->launched_bytes() - bytes);
-  if (backend_->checks_every_step())
-    health.grads_finite = backend_->all_finite(model_->grads(), model_->num_params());
-  if (health.grads_finite) optimizer_->step(lr, model_->params(), model_->grads());
-  backend_->batch_done();
+  {
+    TraceScope span(trace_, Trace::kStep, "optimizer", "optimizer");
+    if (backend_->checks_every_step())
+      health.grads_finite = backend_->all_finite(model_->grads(), model_->num_params());
+    if (health.grads_finite) optimizer_->step(lr, model_->params(), model_->grads());
+    backend_->batch_done();
+  }
+  lap(times_.optimizer);
   return health;
 }
 

@@ -34,6 +34,11 @@ std::unique_ptr<checkpoint::DirLock> check_run_paths(const Config& cfg, const st
   }
   if (!cfg.output_model.empty()) check_output_file("--output-model", cfg.output_model);
   if (!cfg.metrics_out.empty()) check_output_file("--metrics-out", cfg.metrics_out);
+  // Every rank writes its own trace file beside this one (rank 0 checks the
+  // directory for all of them: on other nodes it is the same path).
+  if (!cfg.trace.empty()) check_output_file("--trace", cfg.trace);
+  if (!cfg.tensorboard.empty())
+    checkpoint::check_writable_dir("--tensorboard", cfg.tensorboard, /*create=*/true);
   if (cfg.checkpoint_dir.empty()) return nullptr;
   return std::make_unique<checkpoint::DirLock>(cfg.checkpoint_dir, host);
 }

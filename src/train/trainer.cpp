@@ -18,6 +18,7 @@
 #include "ddp/comm/communicator.hpp"        // Communicator: MPI backend
 #include "ddp/core/error.hpp"               // DDP_CHECK, CollectiveError
 #include "ddp/core/finite.hpp"              // first_non_finite: no diverged state is saved
+#include "ddp/core/trace.hpp"               // Trace: --trace's timeline
 #include "ddp/data/dataset.hpp"             // load_idx_dir, make_synthetic
 #include "ddp/data/loader.hpp"              // Loader: prefetching batches
 #include "ddp/data/sampler.hpp"             // DistributedSampler, eval_shard
@@ -32,6 +33,8 @@
 #include "ddp/train/replica.hpp"            // Replica: the model on its device, the step
 #include "ddp/train/resume.hpp"             // checkpoint contents, resume point
 #include "ddp/train/run_paths.hpp"          // check_run_paths: paths and the checkpoint directory's lock
+#include "ddp/train/step_stats.hpp"         // StepStats: the median step and its parts
+#include "ddp/train/usage.hpp"              // RankUsage: every rank's peak memory
 
 namespace ddp::train {
 
@@ -105,6 +108,19 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
                   ranks[r].local_rank, ranks[r].local_size, ranks[r].device, ranks[r].threads,
                   static_cast<long long>(ranks[r].shard), static_cast<long long>(ranks[r].steps));
     out << line;
+  }
+  out.flush();
+}
+
+// The GPUs of the start-up table: one line per rank that has a description.
+void describe_devices(Replica& replica, const World& world, std::ostream& out) {
+  char mine[256] = {};
+  std::snprintf(mine, sizeof mine, "%s", replica.device_description().c_str());
+  const std::vector<char> all = replica.comm().allgather(mine, sizeof mine, "start-up device descriptions");
+  if (world.rank != 0) return;
+  for (int r = 0; r < world.size; ++r) {
+    const char* d = all.data() + size_t(r) * sizeof mine;
+    if (d[0]) out << " rank " << r << ": " << std::string(d, strnlen(d, sizeof mine)) << "\n";
   }
   out.flush();
 }
@@ -336,6 +352,18 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   if (checkpointing) install_stop_handlers();
 
   startup_check(*replica, world, cfg, schedule, sampler.num_samples(), steps, out);
+  describe_devices(*replica, world, out);
+
+  // --trace: every rank's clock starts at one moment, so their files line up.
+  std::unique_ptr<Trace> trace;
+  if (!cfg.trace.empty()) {
+    comm.barrier("--trace: a common start of the ranks' clocks");
+    trace = std::make_unique<Trace>(world.rank, world.host, cfg.trace_first, cfg.trace_last, Trace::Clock::now());
+    replica->set_trace(trace.get());
+  }
+  const auto write_trace = [&]() {
+    if (trace && !trace->written()) trace->write(trace_path_for_rank(cfg.trace, world.rank));
+  };
 
   std::ofstream metrics;
   if (leader && !cfg.metrics_out.empty()) {
@@ -349,6 +377,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   auto save = [&](const checkpoint::RunState& s) {
     sync_buffers();  // collective
     if (!leader) return std::string();
+    TraceScope span(trace.get(), Trace::kStep, "checkpoint", "checkpoint write", {{"step", s.global_step}});
     replica->pull(host);
     check_finite(g, host, detail::concat("the checkpoint of global step ", s.global_step));
     return checkpoint::save_checkpoint(cfg.checkpoint_dir, s, checkpoint_tensors(g, host), cfg.keep_checkpoints);
@@ -366,6 +395,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     progress = std::make_unique<Progress>(out, &out == &std::cout && Progress::stdout_is_terminal(), cfg.log_every,
                                           cfg.epochs, steps, cfg.batch_size);
   std::vector<double> epoch_secs, rates;
+  StepStats run_steps;  // every step of this run, for the summary
   double allreduces_per_step = 0, allreduce_bytes_per_step = 0;
   double last_loss = 0, last_acc = 0, last_train_acc = 0;
   data::Batch batch;
@@ -399,8 +429,26 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       sums.allreduces += s.allreduces;
       sums.allreduce_bytes += s.allreduce_bytes;
     };
-    while (loader.next(batch)) {
+    StepStats epoch_times;
+    for (;;) {
+      const auto step_start = Clock::now();
+      if (trace) {
+        if (trace->window_passed(state.global_step + 1)) write_trace();
+        trace->begin_step(state.global_step + 1);
+      }
+      bool more;
+      {
+        TraceScope span(trace.get(), Trace::kStep, "data", "data wait");
+        more = loader.next(batch);
+      }
+      if (!more) break;
+      const double data_wait = seconds_since(step_start);
       const StepHealth health = replica->train_step(batch, schedule.at(state.global_step));
+      if (trace)
+        trace->span(Trace::kStep, "step", detail::concat("step ", state.global_step + 1), step_start, Clock::now(),
+                    {{"step", state.global_step + 1}, {"epoch", epoch + 1}});
+      epoch_times.add(data_wait, replica->step_times());
+      run_steps.add(data_wait, replica->step_times());
       if (!health.grads_finite) diverged(comm, health, epoch, step + 1, state.global_step + 1);
       sums.samples += batch.size;
       run_samples += batch.size;
@@ -429,6 +477,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       s.epoch_train_sec = resumed_sec + seconds_since(t0);
       const std::string path = save(s);
       if (sig) {
+        write_trace();
         if (leader)
           out << (progress ? progress->epoch_line_prefix() : "") << "ddp_train: stopped by signal " << sig
               << " at epoch " << epoch + 1 << ", step " << step
@@ -450,9 +499,16 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       throw CollectiveError(detail::concat("training diverged in epoch ", epoch + 1, ": its loss sums to ",
                                            totals[0], "; a smaller --lr may help"));
 
+    const StepBreakdown breakdown = epoch_times.reduce(comm, "step times");
+    const std::vector<RankUsage> usage = gather_usage(comm, {rss_peak_mib(), replica->device_usage()});
+
     const auto t1 = Clock::now();
-    sync_buffers();
-    const double test_acc = evaluate(*replica, world, data.test, per_rank);
+    double test_acc = 0;
+    {
+      TraceScope span(trace.get(), Trace::kStep, "evaluation", "evaluation", {{"epoch", epoch + 1}});
+      sync_buffers();
+      test_acc = evaluate(*replica, world, data.test, per_rank);
+    }
     const double eval_sec = seconds_since(t1);
 
     last_loss = totals[0] / totals[2];
@@ -479,7 +535,12 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
           std::snprintf(line, sizeof(line), "  grad_norm %.4g", grad_norm);
           out << line;
         }
-        out << "\n" << std::flush;
+        out << "\n";
+        // The epoch's median step and where its time went, and what the
+        // ranks used: an indented line, so that lines starting "epoch " stay
+        // one per epoch.
+        if (!breakdown.empty) out << "  " << breakdown.describe() << "; " << describe_usage(usage) << "\n";
+        out << std::flush;
       }
       if (metrics.is_open()) {
         json record{{"epoch", epoch + 1},
@@ -494,6 +555,16 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
                     {"allreduces_per_step", allreduces_per_step},
                     {"allreduce_bytes_per_step", allreduce_bytes_per_step}};
         if (cfg.clip_grad_norm > 0) record["grad_norm"] = grad_norm;
+        if (!breakdown.empty) breakdown.add_to(record);
+        json mem = json::array(), gpu_mem = json::array(), gpu_util = json::array();
+        for (const RankUsage& u : usage) {
+          mem.push_back(u.rss_peak_mib);
+          if (u.device.mem_peak_mib >= 0) gpu_mem.push_back(u.device.mem_peak_mib);
+          if (u.device.util_pct >= 0) gpu_util.push_back(u.device.util_pct);
+        }
+        record["peak_rss_mib"] = std::move(mem);
+        if (gpu_mem.size() == usage.size()) record["gpu_mem_peak_mib"] = std::move(gpu_mem);
+        if (gpu_util.size() == usage.size()) record["gpu_util_pct"] = std::move(gpu_util);
         metrics << record.dump() << "\n"
                 << std::flush;
       }
@@ -506,6 +577,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       s.epoch_loss_sum = s.epoch_correct = s.epoch_samples = s.epoch_train_sec = 0;
       save(s);
       if (const int sig = stop_requested(); sig && epoch + 1 < cfg.epochs) {
+        write_trace();
         if (leader)
           out << "ddp_train: stopped by signal " << sig << " after epoch " << epoch + 1
               << "; rerun with --resume auto to continue\n"
@@ -521,13 +593,15 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     last_acc = evaluate(*replica, world, data.test, per_rank);
   }
 
+  write_trace();
+  const StepBreakdown run_breakdown = run_steps.reduce(comm, "the run's step times");
   if (leader && !cfg.output_model.empty()) {
     replica->pull(host);
     check_finite(g, host, "--output-model " + cfg.output_model);
     write_model(cfg.output_model, g, host, cfg, world.size, cfg.epochs);
   }
   if (leader) {
-    out << json{{"event", "summary"},
+    json summary{{"event", "summary"},
                 {"world_size", world.size},
                 {"epochs", cfg.epochs},
                 {"model", cfg.model},
@@ -546,9 +620,9 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
                 {"train_acc", last_train_acc},
                 {"train_loss", last_loss},
                 {"epoch_sec_median", median(epoch_secs)},
-                {"samples_per_sec", median(rates)}}
-               .dump()
-        << std::endl;
+                {"samples_per_sec", median(rates)}};
+    if (!run_breakdown.empty) run_breakdown.add_to(summary);
+    out << summary.dump() << std::endl;
   }
   // Nobody leaves before rank 0 has written its files: a rank that exits
   // early would not hurt, but a job that reports success before the model is

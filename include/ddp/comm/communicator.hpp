@@ -32,6 +32,10 @@ class Work {
   virtual ~Work() = default;
   virtual void wait() = 0;
   virtual bool done() = 0;
+  // When it completed on this rank, where the backend knows (the MPI
+  // backend's communication thread stamps it); else the epoch (zero). Valid
+  // after wait() returned.
+  virtual std::chrono::steady_clock::time_point finished_at() const { return {}; }
 };
 
 class Communicator {

@@ -8,13 +8,15 @@
 // sequence of collectives.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "ddp/comm/communicator.hpp"
+#include "ddp/comm/communicator.hpp"  // Communicator, Work
+#include "ddp/core/trace.hpp"          // Trace: --trace's spans
 
 namespace ddp {
 
@@ -30,6 +32,10 @@ std::vector<Bucket> plan_buckets(const std::vector<size_t>& param_numels, size_t
 struct ReducerStats {
   double wait_sec = 0;  // time spent in finish() waiting for buckets
   int buckets_launched_early = 0;  // launched before finish() was called
+  // Time some bucket was in flight (launch to completion, overlapping
+  // buckets counted once), and the part of it before finish() was called:
+  // the communication the backward hid.
+  double comm_sec = 0, hidden_sec = 0;
 };
 
 class Reducer {
@@ -55,6 +61,10 @@ class Reducer {
   void set_sync(bool sync) { sync_ = sync; }
   bool sync() const { return sync_; }
 
+  // Each bucket's all-reduce, launch to completion, as a span of the trace
+  // (nullptr: none).
+  void set_trace(Trace* trace) { trace_ = trace; }
+
   // All-reduces launched since construction, and their bytes on the wire.
   int64_t launches() const { return launches_; }
   int64_t launched_bytes() const { return launched_bytes_; }
@@ -65,6 +75,8 @@ class Reducer {
   float* grads_;
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<comm::Work>> work_;
+  std::vector<std::chrono::steady_clock::time_point> launched_at_;
+  Trace* trace_ = nullptr;
   size_t next_ = 0;
   bool overlap_, sync_ = true;
   comm::Wire wire_;

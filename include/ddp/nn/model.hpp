@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/core/trace.hpp"  // Trace: --trace's per-op spans
 #include "ddp/nn/device.hpp"
 #include "ddp/nn/graph.hpp"
 
@@ -75,6 +76,10 @@ class Model {
   // after the call.
   void backward(const float* dlogits, int batch, const std::function<void(size_t)>& on_ready = {});
 
+  // Each op's forward and backward as spans of the trace while it records
+  // (nullptr: none). On a device that queues work they cover the launch.
+  void set_trace(Trace* trace) { trace_ = trace; }
+
  private:
   float* value(int v);  // an op's output (v >= 1)
   void reserve(int batch);
@@ -95,6 +100,7 @@ class Model {
   const float* input_ = nullptr;  // x of the last forward
   int capacity_ = 0;              // batch the arrays hold
   int last_batch_ = -1;           // batch of the last training forward; -1: none
+  Trace* trace_ = nullptr;
 };
 
 // Mean softmax cross-entropy over the batch (host memory); writes

@@ -42,6 +42,9 @@ struct Config {
   std::string output_model;      // safetensors of the final parameters
   bool quiet = false;            // no per-epoch or progress lines (summary still printed)
   int64_t log_every = 0;         // progress every N steps (0: every step on a terminal, else 4 an epoch)
+  std::string trace;             // Chrome trace JSON, one file per rank (the rank in its name)
+  int64_t trace_first = 1, trace_last = 50;  // --trace-steps A:B, global steps, inclusive
+  std::string tensorboard;       // TensorBoard event files here (rank 0)
 
   // Checkpoints (rank 0 writes; every rank resumes).
   std::string checkpoint_dir;    // empty: no checkpoints

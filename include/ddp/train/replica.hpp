@@ -26,6 +26,7 @@
 #include "ddp/optim/optimizer.hpp"    // Optimizer: SGD, AdamW, their state, clipping
 #include "ddp/runtime/world.hpp"      // World
 #include "ddp/train/config.hpp"       // Config
+#include "ddp/train/usage.hpp"        // DeviceUsage
 
 namespace ddp::train {
 
@@ -37,6 +38,17 @@ struct StepSums {
   double grad_norm = 0;  // sum of the steps' gradient norms before clipping (0 without clipping)
   double allreduces = 0;       // gradient all-reduces launched
   double allreduce_bytes = 0;  // and their bytes
+};
+
+// Where one step's time went on this rank, in seconds (host clock): staging
+// the batch on the device, forward (with the loss), backward, waiting for the
+// all-reduces after backward (exposed communication), the optimizer (with
+// the finiteness check). comm_busy is the time some bucket was in flight,
+// hidden the part of it during backward. On a device that queues work the
+// parts are the host's: launches, and waits where the host waits.
+struct StepTimes {
+  double data = 0, forward = 0, backward = 0, comm = 0, optimizer = 0;
+  double comm_busy = 0, hidden = 0;
 };
 
 // Whether a step stayed finite. The averaged gradients are the same on every
@@ -89,6 +101,12 @@ class Backend {
   virtual bool all_finite(const float* p, size_t n) = 0;
   // The optimizer's kernels on this device.
   virtual optim::Kernels& optim_kernels() = 0;
+
+  // What the start-up table says of the device beyond its name (GPUs:
+  // model, memory, bus id, driver and NCCL versions); "" for none.
+  virtual std::string describe() const { return ""; }
+  // The device's own figures (GPUs); CPUs have none.
+  virtual DeviceUsage usage() { return {}; }
 };
 
 // The CPU backend: host memory, the MPI communicator, the kernels on as many
@@ -114,6 +132,8 @@ class Replica {
   ~Replica();
 
   std::string device() const { return backend_->device_name(); }
+  std::string device_description() const { return backend_->describe(); }
+  DeviceUsage device_usage() { return backend_->usage(); }
   comm::Communicator& comm() { return backend_->comm(); }
   const Reducer& reducer() const { return *reducer_; }
   const nn::Graph& graph() const { return model_->graph(); }
@@ -134,6 +154,11 @@ class Replica {
   // backend can afford it, the CPU; a GPU's divergence shows in the epoch's
   // loss and in the parameters checked before each save).
   StepHealth train_step(const data::Batch& batch, double lr);
+  // The parts of the last train_step's time.
+  const StepTimes& step_times() const { return times_; }
+  // The step's parts, each op and each bucket's all-reduce as spans of
+  // trace while it records (nullptr: none).
+  void set_trace(Trace* trace);
   // The sums of the steps since the last call (waits for them).
   StepSums take_sums();
 
@@ -153,6 +178,8 @@ class Replica {
   std::unique_ptr<nn::Array> dlogits_;
   int classes_ = 0, accumulate_ = 1;
   double allreduces_ = 0, allreduce_bytes_ = 0;
+  StepTimes times_;
+  Trace* trace_ = nullptr;
   // The backend's sums come as one set; what take_sums reads of evaluation,
   // and take_correct of training, waits here for the other call.
   double comm_wait_ = 0, loss_ = 0, correct_ = 0, eval_correct_ = 0;

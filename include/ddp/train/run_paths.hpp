@@ -2,8 +2,9 @@
 // read, so that a run never trains for an epoch (or all of them) to fail at
 // its first save: the checkpoint directory (created, writable, locked for
 // this job: Note [one job per checkpoint directory]), the directories of
-// --output-model and --metrics-out (they must exist and take a file), and a
-// --resume file (a regular file).
+// --output-model, --metrics-out and --trace (they must exist and take a
+// file), --tensorboard's directory (created, writable), and a --resume file
+// (a regular file).
 #pragma once
 
 #include <memory>
