@@ -30,6 +30,7 @@
 #include "ddp/runtime/cuda_check.hpp"        // DDP_CUDA_CHECK
 #include "ddp/runtime/cuda_context.hpp"      // Context, set_device
 #include "ddp/runtime/device.hpp"            // find_shared_gpu
+#include "ddp/runtime/gpu_monitor.hpp"       // GpuMonitor: the start-up table's GPU, memory, utilisation
 #include "ddp/train/replica.hpp"
 
 namespace ddp::train {
@@ -95,6 +96,7 @@ class CudaBackend final : public Backend {
     }
     comm_->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_sec * 1000)));
     device_ = nn::make_cuda_device(*ctx_);
+    monitor_ = std::make_unique<cuda::GpuMonitor>(info_);
     kernels_ = optim::make_cuda_kernels(ctx_->compute());
     sums_ = static_cast<double*>(ctx_->alloc(3 * sizeof(double)));
     DDP_CUDA_CHECK(cudaMemsetAsync(sums_, 0, 3 * sizeof(double), ctx_->compute()));
@@ -142,6 +144,8 @@ class CudaBackend final : public Backend {
   }
 
   std::string device_name() const override { return "cuda:" + std::to_string(info_.index); }
+  std::string describe() const override { return device_name() + " " + monitor_->describe(); }
+  DeviceUsage usage() override { return {monitor_->mem_peak_mib(), monitor_->util_pct()}; }
   nn::Device& device() override { return *device_; }
   comm::Communicator& comm() override { return *comm_; }
   void sync(const std::string& what) override { comm_->synchronize(ctx_->compute(), what); }
@@ -225,6 +229,7 @@ class CudaBackend final : public Backend {
 
   cuda::DeviceInfo info_;
   std::unique_ptr<cuda::Context> ctx_;
+  std::unique_ptr<cuda::GpuMonitor> monitor_;
   std::unique_ptr<comm::DeviceCommunicator> comm_;
   std::unique_ptr<nn::Device> device_;
   std::unique_ptr<optim::Kernels> kernels_;

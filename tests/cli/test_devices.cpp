@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "run_outputs.hpp"
@@ -16,6 +17,8 @@
 
 namespace ddp::test {
 namespace {
+
+using json = nlohmann::json;
 
 int visible_gpus() {
 #if DDP_HAVE_CUDA
@@ -128,6 +131,35 @@ TEST_F(GpuTraining, StartupTableNamesTheGpu) {
   EXPECT_NE(r.out.find("device cuda"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("cuda:0"), std::string::npos) << r.out;
   EXPECT_EQ(summary_of(r)["backend"], "nccl");
+  // A line per rank naming its GPU: model, memory, bus id, driver, NCCL.
+  const size_t at = r.out.find(" rank 0: cuda:0 ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  for (const char* part : {" GiB, sm_", ", bus ", ", driver ", ", NCCL "})
+    EXPECT_NE(line.find(part), std::string::npos) << part << " in: " << line;
+}
+
+// Every epoch's record has each rank's GPU memory high-water mark and
+// utilisation (NVML), and the epoch line says them.
+TEST_F(GpuTraining, MetricsCarryGpuMemoryAndUtilisation) {
+  const std::string dir = make_temp_dir();
+  auto r = run_ddp_train(1, "--synthetic 2048 --epochs 2 --batch-size 128 --device cuda --metrics-out " + dir +
+                                "/m.jsonl");
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const auto& line : lines_of(read_text(dir + "/m.jsonl"))) {
+    const json m = json::parse(line);
+    ASSERT_EQ(m.at("gpu_mem_peak_mib").size(), 1u) << line;
+    const double mem = m["gpu_mem_peak_mib"][0].get<double>();
+    EXPECT_GT(mem, 1) << line;           // LeNet's parameters, gradients and activations
+    EXPECT_LT(mem, 512 * 1024) << line;
+    ASSERT_EQ(m.at("gpu_util_pct").size(), 1u) << line;
+    const double util = m["gpu_util_pct"][0].get<double>();
+    EXPECT_GE(util, 0) << line;
+    EXPECT_LE(util, 100) << line;
+    EXPECT_EQ(m.at("peak_rss_mib").size(), 1u) << line;
+  }
+  EXPECT_NE(r.out.find("; GPU memory MiB "), std::string::npos) << r.out;
+  remove_tree(dir);
 }
 
 // One rank more than GPUs with NCCL: refused before NCCL's own error, with
