@@ -12,8 +12,10 @@ packages=(
   zlib1g-dev                         # gzip IDX files
   libgtest-dev                       # tests
   jq                                 # launch/merge-traces: the ranks' --trace files as one
+  protobuf-compiler libprotobuf-dev  # TensorBoard event files (src/observe/proto)
   python3 python3-numpy              # checks of written model files
   python3-torch                      # the same files in PyTorch's definitions (tests/python)
+  python3-venv                       # scripts/python-venv.sh: tensorboard's event reader (tests/python)
   iproute2                           # tests/netns: two fake hosts (ip netns, veth)
   slurm-wlm munge                    # tests/slurm: a local Slurm cluster (slurmctld, slurmd, srun)
 )

@@ -25,6 +25,7 @@
 #include "ddp/ddp/reducer.hpp"              // broadcast_from_rank0
 #include "ddp/nn/graph.hpp"                 // model_graph: the model, described once
 #include "ddp/nn/model.hpp"                 // init_state
+#include "ddp/observe/tensorboard.hpp"       // TensorBoardWriter: --tensorboard
 #include "ddp/runtime/stop_signal.hpp"       // SIGTERM/SIGINT -> stop at a step boundary
 #include "ddp/train/optim_config.hpp"       // flags -> optimizer options, LR schedule
 #include "ddp/train/preflight.hpp"          // preflight: reachability, duplicate hostnames
@@ -390,6 +391,12 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     return static_cast<int>(sig);
   };
 
+  // --tensorboard: rank 0's scalars, every one at the global step it
+  // belongs to (an epoch's at its last step), so per-step and per-epoch
+  // plots share one axis; a resumed run adds a file beside the first.
+  std::unique_ptr<observe::TensorBoardWriter> board;
+  if (leader && !cfg.tensorboard.empty()) board = std::make_unique<observe::TensorBoardWriter>(cfg.tensorboard);
+
   std::unique_ptr<Progress> progress;
   if (leader && !cfg.quiet)
     progress = std::make_unique<Progress>(out, &out == &std::cout && Progress::stdout_is_terminal(), cfg.log_every,
@@ -420,7 +427,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     if (progress) progress->start_epoch(epoch, first_step);
     double run_loss = 0, run_samples = 0;  // this rank's, this run: the progress line's
     auto add_steps = [&sums, &replica, &run_loss]() {
-      const StepSums s = replica->take_sums();
+      StepSums s = replica->take_sums();
       run_loss += s.loss;
       sums.loss += s.loss;
       sums.correct += s.correct;
@@ -428,6 +435,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       sums.grad_norm += s.grad_norm;
       sums.allreduces += s.allreduces;
       sums.allreduce_bytes += s.allreduce_bytes;
+      return s;
     };
     StepStats epoch_times;
     for (;;) {
@@ -455,6 +463,22 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       ++step;
       ++state.global_step;
       state.samples_consumed += cfg.batch_size;
+      if (board) {
+        // Rank 0's own batch: its loss and accuracy need its sums now (on
+        // a GPU that waits for rank 0's device, each step).
+        const StepSums s = add_steps();
+        const StepTimes& t = replica->step_times();
+        const double step_sec = data_wait + t.forward + t.backward + t.comm + t.optimizer + t.data;
+        const int64_t at = state.global_step;
+        board->scalar("step/loss", at, s.loss / batch.size);
+        board->scalar("step/accuracy", at, s.correct / batch.size);
+        board->scalar("step/lr", at, schedule.at(at - 1));
+        board->scalar("step/samples_per_sec", at, step_sec > 0 ? cfg.batch_size / step_sec : 0);
+        if (cfg.clip_grad_norm > 0) board->scalar("step/grad_norm", at, s.grad_norm);
+        const double parts[StepBreakdown::kParts] = {data_wait + t.data, t.forward, t.backward, t.comm, t.optimizer};
+        for (int i = 0; i < StepBreakdown::kParts; ++i)
+          board->scalar(std::string("step/time_ms/") + StepBreakdown::kNames[size_t(i)], at, parts[i] * 1e3);
+      }
       if (progress && progress->due(step)) {
         add_steps();  // rank 0's alone: on a GPU this waits for its device, no other rank
         progress->show(step, run_loss / run_samples);
@@ -541,6 +565,27 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
         // one per epoch.
         if (!breakdown.empty) out << "  " << breakdown.describe() << "; " << describe_usage(usage) << "\n";
         out << std::flush;
+      }
+      if (board) {
+        const int64_t at = state.global_step;
+        board->scalar("epoch/train_loss", at, last_loss);
+        board->scalar("epoch/train_acc", at, last_train_acc);
+        board->scalar("epoch/test_acc", at, test_acc);
+        board->scalar("epoch/samples_per_sec", at, rate);
+        board->scalar("epoch/lr", at, lr);
+        board->scalar("epoch/epoch", at, double(epoch + 1));
+        if (cfg.clip_grad_norm > 0) board->scalar("epoch/grad_norm", at, grad_norm);
+        if (!breakdown.empty) {
+          board->scalar("epoch/step_ms", at, breakdown.step * 1e3);
+          for (int i = 0; i < StepBreakdown::kParts; ++i)
+            board->scalar(std::string("epoch/time_ms/") + StepBreakdown::kNames[size_t(i)], at,
+                          breakdown.parts[size_t(i)] * 1e3);
+          board->scalar("epoch/comm_hidden_frac", at, breakdown.hidden_frac);
+        }
+        double rss = 0;
+        for (const RankUsage& u : usage) rss = std::max(rss, u.rss_peak_mib);
+        board->scalar("epoch/peak_rss_mib_max", at, rss);
+        board->flush();
       }
       if (metrics.is_open()) {
         json record{{"epoch", epoch + 1},
