@@ -176,7 +176,25 @@ std::string save_checkpoint(const std::string& dir, const RunState& state,
   fs::create_directories(dir, ec);
   DDP_CHECK(!ec, dir, ": cannot create the checkpoint directory (--checkpoint-dir): ", ec.message());
   const std::string path = (fs::path(dir) / checkpoint_file_name(state.global_step)).string();
-  write_file_atomic(path, encode_checkpoint(state, tensors));
+  const std::string bytes = encode_checkpoint(state, tensors);
+  try {
+    write_file_atomic(path, bytes);
+  } catch (const Error& e) {
+    // A full disk or a quota: say where and how much room there is. The
+    // write went to a temporary file that is gone again, and nothing older
+    // was touched (rotation comes after a successful write).
+    const fs::space_info room = fs::space(dir, ec);
+    const auto mib = [](uintmax_t b) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.1f MiB", double(b) / double(1 << 20));
+      return std::string(text);
+    };
+    DDP_FAIL("cannot write the checkpoint of global step ", state.global_step, " into ", dir,
+             " (--checkpoint-dir): ", e.what(),
+             ec ? std::string() : detail::concat("; ", dir, " has ", mib(room.available), " free of ", mib(room.capacity),
+                                                 " and the checkpoint takes ", mib(bytes.size())),
+             "; the checkpoints already there are untouched");
+  }
   // Only once the new file is durable do older ones go, and with them any
   // temporary file a killed writer left behind. The newest `keep` up to this
   // step stay, this one first; files of later steps (a trajectory this run

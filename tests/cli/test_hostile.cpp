@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -123,6 +124,40 @@ TEST_F(Hostile, UnwritableOutputsAreRefusedBeforeTraining) {
                  "--output-model " + dir_ + ": is a directory, not a file name");
   expect_failure(run_ddp_train(kNp, "--metrics-out " + path("missing/m.jsonl") + no_data),
                  "--metrics-out " + path("missing/m.jsonl") + ": its directory");
+}
+
+// 12. A checkpoint that does not fit (a full disk: a 1.2 MiB tmpfs, where the
+// third of LeNet's 0.5 MiB checkpoints cannot be written) ends the job naming
+// the directory and its free space; the two before it are untouched, no
+// temporary file is left, and a run resumes from the newest. Needs root and
+// mount(2); skipped where a tmpfs cannot be mounted.
+TEST_F(Hostile, FullDiskEndsTheJobAndKeepsEarlierCheckpoints) {
+  const std::string ck = path("small-disk");
+  fs::create_directories(ck);
+  if (std::system(("mount -t tmpfs -o size=1200k tmpfs " + ck + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root and mount(2))";
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { std::system(("umount " + dir).c_str()); }
+  } unmount{ck};
+  // 1024 images at batch 128: 8 steps an epoch, a checkpoint at steps 8, 16, 24.
+  const std::string args = "--synthetic 1024 --batch-size 128 --quiet --checkpoint-dir " + ck;
+  auto r = run_ddp_train(kNp, args + " --epochs 3");
+  expect_failure(r, "cannot write the checkpoint of global step 24 into " + ck + " (--checkpoint-dir)");
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(ck + " has "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" MiB free of 1.2 MiB"), std::string::npos) << r.err;
+  const auto left = checkpoint::list_checkpoints(ck);
+  ASSERT_EQ(left.size(), 2u);
+  for (const auto& f : left) EXPECT_NO_THROW(checkpoint::decode_checkpoint(f, checkpoint::read_file_bytes(f))) << f;
+  EXPECT_EQ(newest_checkpoint_step(ck), 16);
+  for (const auto& e : fs::directory_iterator(ck))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+  // The newest is where a resumed run (of two epochs: nothing left to do)
+  // starts from.
+  auto resumed = run_ddp_train(kNp, args + " --epochs 2 --resume auto");
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("ckpt-0000000016.safetensors"), std::string::npos) << resumed.out;
 }
 
 // 11. Two jobs given one --checkpoint-dir: the second is refused naming the
