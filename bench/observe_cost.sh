@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What seeing a run costs: ddp_train's samples/s plain, with --trace recording
-# every step (the window covering the whole run: its worst case), and with
-# --tensorboard (scalars every step), alternating the runs so machine noise
+# every step (the window covering the whole run: its worst case), with
+# --tensorboard (scalars every step) and with --debug-collectives (a check
+# before every collective), alternating the runs so machine noise
 # hits each alike. Prints the median samples/s over repetitions and the ratio
 # to plain; ratios near 1 are within this machine's noise (a few percent).
 #
@@ -33,8 +34,9 @@ args="--model $model --data-dir $data $recipe --quiet"
 
 rate() { /usr/bin/python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['samples_per_sec'])"; }
 median() { /usr/bin/python3 -c "import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))" "$@"; }
-declare -A flags=([plain]="" [trace]="--trace $tmp/t.json --trace-steps 1:1000000" [tensorboard]="--tensorboard $tmp/tb")
-modes=(plain trace tensorboard)
+declare -A flags=([plain]="" [trace]="--trace $tmp/t.json --trace-steps 1:1000000" [tensorboard]="--tensorboard $tmp/tb"
+                  [debug-collectives]="--debug-collectives")
+modes=(plain trace tensorboard debug-collectives)
 declare -A rates
 for ((i = 0; i < reps; i++)); do
   for m in "${modes[@]}"; do
@@ -43,9 +45,9 @@ for ((i = 0; i < reps; i++)); do
   done
 done
 echo "ddp_train -np $np, $model: $args, $reps reps, $(nproc) cores, $(date -u +%F)"
-printf "%-12s %14s %7s\n" mode "samples/s" ratio
+printf "%-18s %14s %7s\n" mode "samples/s" ratio
 base=$(median ${rates[plain]})
 for m in "${modes[@]}"; do
   r=$(median ${rates[$m]})
-  printf "%-12s %14.1f %7.3f\n" "$m" "$r" "$(/usr/bin/python3 -c "print($r/$base)")"
+  printf "%-18s %14.1f %7.3f\n" "$m" "$r" "$(/usr/bin/python3 -c "print($r/$base)")"
 done

@@ -178,6 +178,8 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     ("sync-bn", "BatchNorm statistics over all ranks' batches (SyncBatchNorm), not each rank's own",
          cxxopts::value(c.sync_bn))
     ("timeout", "seconds any collective may take before the job is ended (default 300)", text())
+    ("debug-collectives", "before each collective, check every rank issues the same one (costs a round trip each)",
+         cxxopts::value(c.debug_collectives))
     ("preflight-timeout", "seconds the start-up check that every rank can reach the others may take "
          "(default 60)", text())
     ("metrics-out", "write one JSON object per epoch to FILE", cxxopts::value(c.metrics_out))

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ddp/checkpoint/safetensors.hpp"   // write_safetensors: --output-model
+#include "ddp/comm/checked_communicator.hpp"  // --debug-collectives
 #include "ddp/comm/communicator.hpp"        // Communicator: MPI backend
 #include "ddp/core/error.hpp"               // DDP_CHECK, CollectiveError
 #include "ddp/core/finite.hpp"              // first_non_finite: no diverged state is saved
@@ -278,7 +279,8 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   if (leader) dir_lock = check_run_paths(cfg, world.host);
   if (dir_lock && !dir_lock->unguarded().empty()) std::cerr << "ddp_train: warning: " << dir_lock->unguarded() << "\n";
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_sec * 1000));
-  auto host_comm = comm::make_mpi_communicator(world);
+  std::unique_ptr<comm::Communicator> host_comm = comm::make_mpi_communicator(world);
+  if (cfg.debug_collectives) host_comm = comm::make_checked_communicator(std::move(host_comm));
   host_comm->set_timeout(timeout);
   preflight(*host_comm, world, std::chrono::milliseconds(static_cast<int64_t>(cfg.preflight_timeout_sec * 1000)),
             std::cerr);
@@ -304,6 +306,9 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
 
   const Placement place = place_rank(*host_comm, world, cfg);
   if (leader && !place.note.empty()) std::cerr << "ddp_train: note: " << place.note << "\n";
+  if (cfg.debug_collectives && place.device == "cuda")
+    throw UsageError("--debug-collectives checks the MPI backend's collectives; with GPUs (--device cuda) it is not "
+                     "available yet: use --device cpu to debug the order of collectives");
   std::unique_ptr<Backend> backend;
   if (place.device == "cuda") {
 #if DDP_HAVE_CUDA

@@ -1,6 +1,7 @@
 // Seeing a run: the step-time breakdown and every rank's peak memory in the
 // epoch lines, metrics and summary; --trace's per-rank Chrome traces, their
-// shape, the overlap of all-reduce and backward they show, and their merge.
+// shape, the overlap of all-reduce and backward they show, and their merge;
+// --debug-collectives on a run whose ranks agree.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -191,6 +192,17 @@ TEST(Observe, StepBreakdownAndPeakMemoryPerEpoch) {
                          l.find("during backward; peak memory MiB ") != std::string::npos;
     EXPECT_EQ(breakdown_lines, 2) << r.out;
   }
+  remove_tree(dir);
+}
+
+// --debug-collectives on a whole run (training, evaluation, mid-epoch
+// checkpoints, the stop-signal agreement, SyncBatchNorm's sums): every rank's
+// collectives agree, so nothing is reported, and the run is the same run.
+TEST(Observe, DebugCollectivesPassesAWholeRunUnchanged) {
+  const std::string dir = make_temp_dir();
+  const std::string args = "--model resnet18 --synthetic 256 --train-limit 64 --batch-size 32 --epochs 2 --lr 0.02 "
+                           "--sync-bn --quiet --checkpoint-every 1 --checkpoint-dir ";
+  EXPECT_EQ(models_differ(4, args + dir + "/a", 4, args + dir + "/b --debug-collectives"), 0.0);
   remove_tree(dir);
 }
 

@@ -37,6 +37,7 @@ struct Config {
   bool overlap = true;           // false: every all-reduce after backward (--no-overlap)
   bool sync_bn = false;          // BatchNorm statistics over all ranks (--sync-bn)
   double timeout_sec = 300.0;    // bound on every collective
+  bool debug_collectives = false;  // compare every rank's next collective before each one
   double preflight_timeout_sec = 60.0;  // bound on the start-up check that every rank is reachable
   std::string metrics_out;       // JSON lines, one per epoch
   std::string output_model;      // safetensors of the final parameters
