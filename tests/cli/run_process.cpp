@@ -111,30 +111,52 @@ BackgroundJob::~BackgroundJob() {
   remove_tree(dir_);
 }
 
+namespace {
+
+// The live (not zombie) processes of session `sid`.
+std::vector<long> session_processes(long sid) {
+  std::vector<long> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_text(e.path().string() + "/stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    // Fields after "pid (comm)": state ppid pgrp session ...
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    long ppid = 0, pgrp = 0, session = 0;
+    rest >> state >> ppid >> pgrp >> session;
+    if (session == sid && state != "Z") out.push_back(std::stol(name));
+  }
+  return out;
+}
+
+}  // namespace
+
 // mpirun puts each rank in a process group of its own, and ranks outlive a
 // killed mpirun; they all stay in the session the job was started in.
 void BackgroundJob::kill_all() {
   for (;;) {
-    int found = 0;
-    for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-      const std::string name = e.path().filename().string();
-      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      const std::string stat = read_text(e.path().string() + "/stat");
-      const auto close = stat.rfind(')');
-      if (close == std::string::npos) continue;
-      // Fields after "pid (comm)": state ppid pgrp session ...
-      std::istringstream rest(stat.substr(close + 2));
-      std::string state;
-      long ppid = 0, pgrp = 0, session = 0;
-      rest >> state >> ppid >> pgrp >> session;
-      if (session == pid_ && state != "Z") {
-        ::kill(std::stol(name), SIGKILL);
-        ++found;
-      }
-    }
-    if (found == 0) return;
+    const auto pids = session_processes(pid_);
+    for (long p : pids) ::kill(pid_t(p), SIGKILL);
+    if (pids.empty()) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+}
+
+int BackgroundJob::alive() const { return int(session_processes(pid_).size()); }
+
+int BackgroundJob::rank_pid(int rank) const {
+  const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  for (long p : session_processes(pid_)) {
+    if (read_text("/proc/" + std::to_string(p) + "/comm").rfind("ddp_train", 0) != 0) continue;
+    std::string env = read_text("/proc/" + std::to_string(p) + "/environ");
+    std::replace(env.begin(), env.end(), '\0', '\n');
+    for (const auto& var : lines_of(env))
+      if (var == want) return int(p);
+  }
+  return -1;
 }
 
 void BackgroundJob::signal_launcher(int sig) { ::kill(pid_, sig); }

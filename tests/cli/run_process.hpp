@@ -33,6 +33,11 @@ class BackgroundJob {
   // Waits for the launcher to exit; returns the RunResult (status, output).
   RunResult wait();
   bool running();
+  // The pid of the job's rank `rank` (Open MPI's OMPI_COMM_WORLD_RANK in its
+  // environment), -1 while there is none; and how many of the job's
+  // processes are alive (the launcher's session, zombies aside).
+  int rank_pid(int rank) const;
+  int alive() const;
 
  private:
   int pid_ = -1;
