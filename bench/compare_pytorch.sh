@@ -9,6 +9,11 @@
 # each run's median epoch) and the ratios; for LeNet also ddp_train's step
 # time with overlapped vs deferred all-reduce.
 #
+# With DDP_BENCH_JSON=FILE it also appends one JSON line per world size to
+# FILE, the table's medians for `ddp_plot --bench FILE` to draw as bars:
+#   {"model": "lenet", "np": 1, "date": "…", "cores": 2,
+#    "samples_per_sec": {"ddp_train": …, "PyTorch <v> (pip)": …, "PyTorch <v> (Debian)": …}}
+#
 # Usage: bench/compare_pytorch.sh [--model lenet|resnet18] [reps (3)] [epochs per run]
 #   lenet:    batch 256, lr 0.2, the whole subset, 6 epochs a run
 #   resnet18: batch 256, lr 0.1, its first 512 images (--train-limit), 3 epochs a run
@@ -61,6 +66,15 @@ for np in 1 2; do
   done
   o=$(median "${ours[@]}") n=$(median "${newer[@]}") d=$(median "${older[@]}")
   printf "%-4s %14.1f %16.1f %7s %16.1f %7s\n" "$np" "$o" "$n" "$(ratio "$o" "$n")" "$d" "$(ratio "$o" "$d")"
+  if [[ -n ${DDP_BENCH_JSON:-} ]]; then
+    /usr/bin/python3 -c '
+import json, sys
+model, np, date, cores, ours, new, newer, old, older = sys.argv[1:]
+print(json.dumps({"model": model, "np": int(np), "date": date, "cores": int(cores),
+                  "samples_per_sec": {"ddp_train": float(ours), f"PyTorch {new} (pip)": float(newer),
+                                      f"PyTorch {old} (Debian)": float(older)}}))' \
+      "$model" "$np" "$(date -u +%F)" "$(nproc)" "$o" "$new" "$n" "$old" "$d" >>"$DDP_BENCH_JSON"
+  fi
 done
 
 [[ $model == lenet ]] || exit 0
