@@ -135,6 +135,26 @@ void read_number(const cxxopts::ParseResult& r, const std::string& flag, T& out)
                      (std::is_floating_point_v<T> ? "a number" : "a whole number") + " (see --help)");
 }
 
+// "A<sep>B" as two numbers; false unless the text is exactly that.
+template <typename T>
+bool parse_pair(const std::string& text, char sep, T& a, T& b) {
+  const size_t at = text.find(sep);
+  if (at == std::string::npos) return false;
+  size_t u1 = 0, u2 = 0;
+  try {
+    if constexpr (std::is_floating_point_v<T>) {
+      a = static_cast<T>(std::stod(text.substr(0, at), &u1));
+      b = static_cast<T>(std::stod(text.substr(at + 1), &u2));
+    } else {
+      a = static_cast<T>(std::stoll(text.substr(0, at), &u1));
+      b = static_cast<T>(std::stoll(text.substr(at + 1), &u2));
+    }
+  } catch (const std::exception&) {
+    return false;
+  }
+  return u1 == at && u2 == text.size() - at - 1;
+}
+
 }  // namespace
 
 Parsed parse_options(int argc, char** argv, int world_size) {
@@ -217,15 +237,7 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     if (c.optimizer == "adamw" && !result.count("weight-decay")) c.weight_decay = 0.01;  // torch.optim.AdamW's
     if (result.count("betas")) {
       const std::string b = result["betas"].as<std::string>();
-      const size_t comma = b.find(',');
-      size_t u1 = 0, u2 = 0;
-      try {
-        c.beta1 = std::stod(b.substr(0, comma), &u1);
-        if (comma != std::string::npos) c.beta2 = std::stod(b.substr(comma + 1), &u2);
-      } catch (const std::exception&) {
-        u1 = 0;
-      }
-      if (comma == std::string::npos || u1 != comma || u2 != b.size() - comma - 1)
+      if (!parse_pair(b, ',', c.beta1, c.beta2))
         throw UsageError("--betas: '" + b + "' is not two numbers B1,B2 (e.g. 0.9,0.999)");
     }
     read_number(result, "eps", c.eps);
@@ -240,16 +252,7 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     read_number(result, "log-every", c.log_every);
     if (result.count("trace-steps")) {
       const std::string w = result["trace-steps"].as<std::string>();
-      const size_t colon = w.find(':');
-      size_t u1 = 0, u2 = 0;
-      try {
-        c.trace_first = std::stoll(w.substr(0, colon), &u1);
-        if (colon != std::string::npos) c.trace_last = std::stoll(w.substr(colon + 1), &u2);
-      } catch (const std::exception&) {
-        u1 = 0;
-      }
-      if (colon == std::string::npos || u1 != colon || u2 != w.size() - colon - 1 || c.trace_first < 1 ||
-          c.trace_last < c.trace_first)
+      if (!parse_pair(w, ':', c.trace_first, c.trace_last) || c.trace_first < 1 || c.trace_last < c.trace_first)
         throw UsageError("--trace-steps: '" + w + "' is not A:B with 1 <= A <= B (global steps, e.g. 10:20)");
       if (c.trace.empty()) throw UsageError("--trace-steps says which steps --trace records; add --trace FILE");
     }

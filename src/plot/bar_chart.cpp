@@ -45,13 +45,7 @@ std::string bar_chart_svg(const BenchTable& table, const BarChartOptions& opts) 
   y += legend.height + 12 + kPanelTitle;
 
   Svg svg(width, y + kPanelHeight + kBottom);
-  if (!opts.title.empty()) {
-    Font font;
-    font.size = 16;
-    font.bold = true;
-    font.anchor = Anchor::middle;
-    svg.text(width / 2, title_y + 17, opts.title, font, "class=\"title\"");
-  }
+  draw_title(svg, opts.title, width, title_y);
   draw_legend(svg, legend, kLeft, legend_y);
 
   for (size_t m = 0; m < n_panels; ++m) {

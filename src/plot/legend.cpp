@@ -72,4 +72,13 @@ void draw_legend(Svg& svg, const LegendLayout& l, double x0, double y0) {
   svg.close_group();
 }
 
+void draw_title(Svg& svg, const std::string& title, double width, double y) {
+  if (title.empty()) return;
+  Font font;
+  font.size = 16;
+  font.bold = true;
+  font.anchor = Anchor::middle;
+  svg.text(width / 2, y + 17, title, font, "class=\"title\"");
+}
+
 }  // namespace ddp::plot

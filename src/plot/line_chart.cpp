@@ -81,13 +81,7 @@ std::string line_chart_svg(const std::vector<Run>& runs, const LineChartOptions&
   const Frame right{kLeft + panel_w + kGap, y, panel_w, kPanelHeight};
 
   Svg svg(kWidth, y + kPanelHeight + kBottom);
-  if (!opts.title.empty()) {
-    Font font;
-    font.size = 16;
-    font.bold = true;
-    font.anchor = Anchor::middle;
-    svg.text(kWidth / 2, title_y + 17, opts.title, font, "class=\"title\"");
-  }
+  draw_title(svg, opts.title, kWidth, title_y);
   draw_legend(svg, legend, kLeft, legend_y);
 
   const Ticks x = nice_ticks(epochs.lo, epochs.hi, 5, 1);

@@ -31,4 +31,8 @@ LegendLayout layout_legend(std::vector<LegendItem> items, SwatchKind kind, doubl
 // (class "swatch") and its label as <text>.
 void draw_legend(Svg& svg, const LegendLayout& legend, double x0, double y0);
 
+// A chart's title (class "title"), bold, centred over width, its top at y;
+// nothing when title is empty.
+void draw_title(Svg& svg, const std::string& title, double width, double y);
+
 }  // namespace ddp::plot
