@@ -444,11 +444,11 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     };
     StepStats epoch_times;
     for (;;) {
-      const auto step_start = Clock::now();
       if (trace) {
-        if (trace->window_passed(state.global_step + 1)) write_trace();
+        if (trace->window_passed(state.global_step + 1)) write_trace();  // not part of any step's time
         trace->begin_step(state.global_step + 1);
       }
+      const auto step_start = Clock::now();
       bool more;
       {
         TraceScope span(trace.get(), Trace::kStep, "data", "data wait");
