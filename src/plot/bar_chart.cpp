@@ -6,7 +6,7 @@
 
 #include "ddp/core/error.hpp"    // DDP_CHECK
 #include "ddp/plot/axes.hpp"     // Frame, draw_*
-#include "ddp/plot/legend.hpp"   // layout_legend, draw_legend
+#include "ddp/plot/legend.hpp"   // layout_legend, chart_top, draw_chart_top
 #include "ddp/plot/palette.hpp"  // series_colour
 #include "ddp/plot/svg.hpp"      // Svg
 #include "ddp/plot/ticks.hpp"    // nice_ticks
@@ -17,7 +17,7 @@ namespace {
 
 // Geometry in px: one panel per model, side by side.
 constexpr double kLeft = 84, kRight = 24, kGap = 110;  // kLeft, kGap: tick labels and the rotated y label
-constexpr double kTop = 14, kTitle = 30, kPanelTitle = 26, kPanelHeight = 300, kBottom = 52;
+constexpr double kPanelHeight = 300, kBottom = 52;
 constexpr double kMaxBar = 56;
 
 std::string rate_label(double v) {
@@ -38,15 +38,11 @@ std::string bar_chart_svg(const BenchTable& table, const BarChartOptions& opts) 
   for (size_t s = 0; s < n_sys; ++s) items.push_back({table.systems[s], series_colour(s), ""});
   const LegendLayout legend = layout_legend(std::move(items), SwatchKind::bar, width - kLeft - kRight);
 
-  double y = kTop;
-  const double title_y = y;
-  if (!opts.title.empty()) y += kTitle;
-  const double legend_y = y;
-  y += legend.height + 12 + kPanelTitle;
+  const ChartTop top = chart_top(opts.title, legend);
+  const double y = top.panels_y;
 
   Svg svg(width, y + kPanelHeight + kBottom);
-  draw_title(svg, opts.title, width, title_y);
-  draw_legend(svg, legend, kLeft, legend_y);
+  draw_chart_top(svg, top, opts.title, legend, width, kLeft);
 
   for (size_t m = 0; m < n_panels; ++m) {
     const std::string& model = table.models[m];

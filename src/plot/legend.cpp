@@ -72,13 +72,25 @@ void draw_legend(Svg& svg, const LegendLayout& l, double x0, double y0) {
   svg.close_group();
 }
 
-void draw_title(Svg& svg, const std::string& title, double width, double y) {
-  if (title.empty()) return;
-  Font font;
-  font.size = 16;
-  font.bold = true;
-  font.anchor = Anchor::middle;
-  svg.text(width / 2, y + 17, title, font, "class=\"title\"");
+ChartTop chart_top(const std::string& title, const LegendLayout& legend) {
+  constexpr double kTop = 14, kTitle = 30, kPanelTitle = 26;
+  ChartTop t;
+  t.title_y = kTop;
+  t.legend_y = kTop + (title.empty() ? 0 : kTitle);
+  t.panels_y = t.legend_y + legend.height + 12 + kPanelTitle;
+  return t;
+}
+
+void draw_chart_top(Svg& svg, const ChartTop& top, const std::string& title, const LegendLayout& legend,
+                    double width, double x0) {
+  if (!title.empty()) {
+    Font font;
+    font.size = 16;
+    font.bold = true;
+    font.anchor = Anchor::middle;
+    svg.text(width / 2, top.title_y + 17, title, font, "class=\"title\"");
+  }
+  draw_legend(svg, legend, x0, top.legend_y);
 }
 
 }  // namespace ddp::plot

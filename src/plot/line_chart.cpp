@@ -7,7 +7,7 @@
 
 #include "ddp/core/error.hpp"    // DDP_CHECK
 #include "ddp/plot/axes.hpp"     // Frame, Scale, draw_*
-#include "ddp/plot/legend.hpp"   // layout_legend, draw_legend
+#include "ddp/plot/legend.hpp"   // layout_legend, chart_top, draw_chart_top
 #include "ddp/plot/palette.hpp"  // series_colour, series_dash
 #include "ddp/plot/svg.hpp"      // Svg
 
@@ -18,7 +18,7 @@ namespace {
 // Geometry in px: two panels side by side under the title and legend.
 constexpr double kWidth = 960;
 constexpr double kLeft = 70, kRight = 24, kGap = 86;  // kGap leaves room for the second panel's tick labels
-constexpr double kTop = 14, kTitle = 30, kPanelTitle = 26, kPanelHeight = 300, kBottom = 52;
+constexpr double kPanelHeight = 300, kBottom = 52;
 // Beyond this many epochs a dot per epoch would hide the line.
 constexpr size_t kMaxMarkers = 40;
 
@@ -71,18 +71,14 @@ std::string line_chart_svg(const std::vector<Run>& runs, const LineChartOptions&
   for (size_t i = 0; i < runs.size(); ++i) items.push_back({runs[i].label, series_colour(i), series_dash(i)});
   const LegendLayout legend = layout_legend(std::move(items), SwatchKind::line, kWidth - kLeft - kRight);
 
-  double y = kTop;
-  const double title_y = y;
-  if (!opts.title.empty()) y += kTitle;
-  const double legend_y = y;
-  y += legend.height + 12 + kPanelTitle;
+  const ChartTop top = chart_top(opts.title, legend);
+  const double y = top.panels_y;
   const double panel_w = (kWidth - kLeft - kRight - kGap) / 2;
   const Frame left{kLeft, y, panel_w, kPanelHeight};
   const Frame right{kLeft + panel_w + kGap, y, panel_w, kPanelHeight};
 
   Svg svg(kWidth, y + kPanelHeight + kBottom);
-  draw_title(svg, opts.title, kWidth, title_y);
-  draw_legend(svg, legend, kLeft, legend_y);
+  draw_chart_top(svg, top, opts.title, legend, kWidth, kLeft);
 
   const Ticks x = nice_ticks(epochs.lo, epochs.hi, 5, 1);
   struct PanelSpec {

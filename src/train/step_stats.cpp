@@ -26,7 +26,7 @@ void StepStats::add(double data_wait, const StepTimes& t) {
   backward_.push_back(t.backward);
   comm_.push_back(t.comm);
   optimizer_.push_back(t.optimizer);
-  total_.push_back(data + t.forward + t.backward + t.comm + t.optimizer);
+  total_.push_back(data_wait + t.total());
   busy_.push_back(t.comm_busy);
   hidden_sum_ += t.hidden;
   busy_sum_ += t.comm_busy;

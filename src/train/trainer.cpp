@@ -473,7 +473,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
         // a GPU that waits for rank 0's device, each step).
         const StepSums s = add_steps();
         const StepTimes& t = replica->step_times();
-        const double step_sec = data_wait + t.forward + t.backward + t.comm + t.optimizer + t.data;
+        const double step_sec = data_wait + t.total();
         const int64_t at = state.global_step;
         board->scalar("step/loss", at, s.loss / batch.size);
         board->scalar("step/accuracy", at, s.correct / batch.size);

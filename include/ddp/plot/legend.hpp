@@ -31,8 +31,15 @@ LegendLayout layout_legend(std::vector<LegendItem> items, SwatchKind kind, doubl
 // (class "swatch") and its label as <text>.
 void draw_legend(Svg& svg, const LegendLayout& legend, double x0, double y0);
 
-// A chart's title (class "title"), bold, centred over width, its top at y;
-// nothing when title is empty.
-void draw_title(Svg& svg, const std::string& title, double width, double y);
+// What sits above a chart's panels, top down: its title (when there is
+// one), the legend, then the panels' own titles from panels_y.
+struct ChartTop {
+  double title_y, legend_y, panels_y;
+};
+ChartTop chart_top(const std::string& title, const LegendLayout& legend);
+// Draws the title (class "title", bold, centred over width) and the legend
+// (from x0) where top says.
+void draw_chart_top(Svg& svg, const ChartTop& top, const std::string& title, const LegendLayout& legend,
+                    double width, double x0);
 
 }  // namespace ddp::plot

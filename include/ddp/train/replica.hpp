@@ -49,6 +49,7 @@ struct StepSums {
 struct StepTimes {
   double data = 0, forward = 0, backward = 0, comm = 0, optimizer = 0;
   double comm_busy = 0, hidden = 0;
+  double total() const { return data + forward + backward + comm + optimizer; }
 };
 
 // Whether a step stayed finite. The averaged gradients are the same on every
