@@ -18,6 +18,7 @@ packages=(
   python3-venv                       # scripts/python-venv.sh: tensorboard's event reader (tests/python)
   iproute2                           # tests/netns: two fake hosts (ip netns, veth)
   slurm-wlm munge                    # tests/slurm: a local Slurm cluster (slurmctld, slurmd, srun)
+  clang libclang-rt-14-dev llvm     # scripts/fuzz.sh: libFuzzer (libclang_rt.fuzzer), llvm-symbolizer for reports
   librsvg2-dev fonts-dejavu-core     # ddp_plot: its SVG rasterised to PNG (librsvg, cairo) in the font it names
   chromium python3-pil               # tests/plot: the SVG rendered by a browser, its pixels checked
 )

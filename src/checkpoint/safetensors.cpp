@@ -137,6 +137,17 @@ struct Entry {
   uint64_t begin = 0, end = 0;
 };
 
+// A shape for messages, one level deep: json::dump() recurses into nested
+// arrays, and a hostile header can nest them deep enough to overflow the
+// stack. Its first sizes only, so a long one makes no long message either.
+std::string shape_text(const json& shape) {
+  if (!shape.is_array()) return shape.type_name();
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size() && i < 8; ++i)
+    s += (i ? "," : "") + (shape[i].is_number() ? shape[i].dump() : std::string(shape[i].type_name()));
+  return s + (shape.size() > 8 ? ",...]" : "]");
+}
+
 Entry parse_entry(const std::string& path, const std::string& name, const json& e, uint64_t data_size) {
   auto bad = [&](const std::string& what) { DDP_FAIL(path, ": tensor '", name, "': ", what); };
   if (!e.is_object()) bad("entry is not a JSON object");
@@ -158,11 +169,17 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   // before any multiplication can overflow.
   const uint64_t max_numel = data_size / elem;
   uint64_t numel = 1;
+  // The product of the sizes in order, as int64 (what every user of a shape
+  // computes): one that overflows is refused even when a later 0 makes the
+  // tensor empty, as Python's safetensors refuses it.
+  int64_t product = 1;
+  bool overflow = false;
   if (!shape->is_array()) bad("shape is not an array");
   for (const json& d : *shape) {
-    if (!d.is_number_unsigned()) bad("shape " + shape->dump() + " holds something other than sizes >= 0");
+    if (!d.is_number_unsigned()) bad("shape " + shape_text(*shape) + " holds something other than sizes >= 0");
     const uint64_t v = d.get<uint64_t>();
-    if (v > uint64_t(INT64_MAX)) bad("shape " + shape->dump() + " has a dimension beyond 2^63");
+    if (v > uint64_t(INT64_MAX)) bad("shape " + shape_text(*shape) + " has a dimension beyond 2^63");
+    overflow = overflow || __builtin_mul_overflow(product, int64_t(v), &product);
     t.shape.push_back(int64_t(v));
     if (numel != 0 && v > max_numel / numel) numel = max_numel + 1;  // more than the file holds
     else numel *= v;
@@ -176,7 +193,8 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
     bad("data offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ") are outside the " +
         std::to_string(data_size) + " data bytes (truncated?)");
   if (numel > max_numel || t.end - t.begin != numel * elem)
-    bad("shape " + shape->dump() + " does not match its " + std::to_string(t.end - t.begin) + " bytes");
+    bad("shape " + shape_text(*shape) + " does not match its " + std::to_string(t.end - t.begin) + " bytes");
+  if (overflow) bad("shape " + shape_text(*shape) + ": the product of its sizes passes 2^63");
   return t;
 }
 
