@@ -3,8 +3,9 @@
 #   asan: build-asan, AddressSanitizer + UBSan: the unit tests, the MPI tests
 #         (np 2 and 4) and the fuzz regression inputs;
 #   tsan: build-tsan, ThreadSanitizer: the tests of what runs threads, the
-#         communicator (tests/mpi/ddp: its communication thread) and the
-#         loader (tests/unit/data: its prefetch thread).
+#         communicator (tests/mpi/ddp: its communication thread, the
+#         watchdog's thread), the watchdog's bookkeeping (tests/unit/ddp) and
+#         the loader (tests/unit/data: its prefetch thread).
 # usage: scripts/sanitize.sh [asan] [tsan]   (default: both)
 # Any sanitizer report ends its process with an error, so the test fails.
 # Suppressions (tests/sanitize/) name third-party libraries only.
@@ -54,7 +55,7 @@ for kind in "${kinds[@]}"; do
     tsan)
       dir=$root/build-tsan
       configure "$dir" thread
-      build "$dir" test_data mpi_test_ddp
+      build "$dir" test_data test_ddp mpi_test_ddp
       # OpenBLAS's own threads are not instrumented: one thread, so their
       # work is not taken for races on our buffers.
       export OPENBLAS_NUM_THREADS=1
@@ -62,7 +63,7 @@ for kind in "${kinds[@]}"; do
       # Of the data tests, the loader's run a thread; the IDX and synthetic
       # ones are single-threaded (and one of them is timed).
       GTEST_FILTER='Loader.*' ctest --test-dir "$dir" --output-on-failure -R '^unit_data$'
-      ctest --test-dir "$dir" --output-on-failure -R '^mpi_ddp_np[24]$'
+      ctest --test-dir "$dir" --output-on-failure -R '^(unit_ddp|mpi_ddp_np[24])$'
       unset TSAN_OPTIONS OPENBLAS_NUM_THREADS
       ;;
     *)

@@ -197,7 +197,8 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     ("no-overlap", "all-reduce every bucket after backward instead of during it", cxxopts::value<bool>())
     ("sync-bn", "BatchNorm statistics over all ranks' batches (SyncBatchNorm), not each rank's own",
          cxxopts::value(c.sync_bn))
-    ("timeout", "seconds any collective may take before the job is ended (default 300)", text())
+    ("timeout", "seconds a collective may wait, or a rank go unheard, before the watchdog ends the job "
+                "naming the ranks that did not arrive (default 300)", text())
     ("debug-collectives", "before each collective, check every rank issues the same one (costs a round trip each)",
          cxxopts::value(c.debug_collectives))
     ("preflight-timeout", "seconds the start-up check that every rank can reach the others may take "

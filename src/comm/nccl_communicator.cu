@@ -322,6 +322,13 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
                                   ": another rank may have failed or be stuck"));
   }
 
+  // The watchdog's thread, as the job ends: ncclCommAbort may be called
+  // while another thread uses the communicator (that is what it is for);
+  // the handle is left in state_, as the process ends in a moment.
+  void abort_now() override {
+    if (ncclComm_t c = state_->comm) ncclCommAbort(c);
+  }
+
  private:
   cuda::Context& ctx_;
   int rank_ = 0, size_ = 1;

@@ -70,6 +70,11 @@ Reducer::Reducer(comm::Communicator& comm, float* grads, const std::vector<size_
             " elements");
   work_.resize(buckets_.size());
   launched_at_.resize(buckets_.size());
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const Bucket& b = buckets_[k];
+    names_.push_back(detail::concat("all-reduce of bucket ", k, " of ", buckets_.size(), " (parameters ",
+                                    b.first_param, "..", b.last_param == 0 ? 0 : b.last_param - 1, ")"));
+  }
 
   // Note [bucket order]: every rank must issue the same all-reduces, so a
   // model or cap that differs between ranks is an error now rather than a
@@ -168,10 +173,18 @@ void Reducer::launch(size_t k) {
   launched_at_[k] = std::chrono::steady_clock::now();
   ++launches_;
   launched_bytes_ += int64_t((b.end - b.begin) * comm::wire_bytes(wire_));
-  work_[k] = comm_.allreduce_compressed_async(
-      grads_ + b.begin, b.end - b.begin, comm::ReduceOp::Avg, wire_,
-      detail::concat("all-reduce of bucket ", k, " of ", buckets_.size(), " (parameters ",
-                     b.first_param, "..", b.last_param == 0 ? 0 : b.last_param - 1, ")"));
+  work_[k] = comm_.allreduce_compressed_async(grads_ + b.begin, b.end - b.begin, comm::ReduceOp::Avg, wire_,
+                                              names_[k]);
+}
+
+void Reducer::set_param_names(std::vector<std::string> names) {
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    const Bucket& b = buckets_[k];
+    if (b.last_param > names.size() || b.last_param == b.first_param) continue;
+    names_[k] = detail::concat("all-reduce of bucket ", k, " of ", buckets_.size(), " (parameters ", b.first_param,
+                               "..", b.last_param - 1, ": ", names[b.first_param],
+                               b.last_param - b.first_param > 1 ? " .. " + names[b.last_param - 1] : "", ")");
+  }
 }
 
 void broadcast_from_rank0(comm::Communicator& comm, float* data, size_t count, const std::string& what) {

@@ -40,6 +40,9 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
                                                            : comm::Wire::F32;
   reducer_ = std::make_unique<Reducer>(backend_->comm(), model_->grads(), numels, cfg.bucket_cap_mb, cfg.overlap,
                                        wire);
+  std::vector<std::string> names;
+  for (const auto& p : g.params) names.push_back(p.name);
+  reducer_->set_param_names(std::move(names));
   optimizer_ = std::make_unique<optim::Optimizer>(opt, g.params, dev, backend_->optim_kernels());
   classes_ = static_cast<int>(g.output_shape().numel());
   dlogits_ = dev.alloc(size_t(cfg.batch_size) * size_t(classes_));

@@ -83,7 +83,8 @@ struct PinnedSlot {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const World& world, const Config& cfg, int gpu, std::unique_ptr<comm::Communicator> host_comm)
+  CudaBackend(const World& world, const Config& cfg, int gpu, std::unique_ptr<comm::Communicator> host_comm,
+              comm::Watchdog* watchdog)
       : info_(cuda::set_device(gpu)) {
     const std::string backend = check_gpus_distinct(*host_comm, world, info_, cfg.backend);
     ctx_ = std::make_unique<cuda::Context>(gpu);
@@ -93,6 +94,10 @@ class CudaBackend final : public Backend {
                                              std::move(host_comm));
     } else {
       comm_ = comm::make_staged_mpi_communicator(world, *ctx_, std::move(host_comm));
+    }
+    if (watchdog) {
+      comm_ = watchdog->watch(std::move(comm_));
+      watchdog->on_abort([c = comm_.get()] { c->abort_now(); });
     }
     comm_->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_sec * 1000)));
     device_ = nn::make_cuda_device(*ctx_);
@@ -241,8 +246,9 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const World& world, const Config& cfg, int gpu,
-                                           std::unique_ptr<comm::Communicator> host_comm) {
-  return std::make_unique<CudaBackend>(world, cfg, gpu, std::move(host_comm));
+                                           std::unique_ptr<comm::Communicator> host_comm,
+                                           comm::Watchdog* watchdog) {
+  return std::make_unique<CudaBackend>(world, cfg, gpu, std::move(host_comm), watchdog);
 }
 
 }  // namespace ddp::train

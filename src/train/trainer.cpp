@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -17,6 +18,7 @@
 #include "ddp/checkpoint/safetensors.hpp"   // write_safetensors: --output-model
 #include "ddp/comm/checked_communicator.hpp"  // --debug-collectives
 #include "ddp/comm/communicator.hpp"        // Communicator: MPI backend
+#include "ddp/comm/watchdog.hpp"            // Watchdog: numbered collectives, the stall report
 #include "ddp/core/error.hpp"               // DDP_CHECK, CollectiveError
 #include "ddp/core/finite.hpp"              // first_non_finite: no diverged state is saved
 #include "ddp/core/trace.hpp"               // Trace: --trace's timeline
@@ -309,13 +311,17 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   if (cfg.debug_collectives && place.device == "cuda")
     throw UsageError("--debug-collectives checks the MPI backend's collectives; with GPUs (--device cuda) it is not "
                      "available yet: use --device cpu to debug the order of collectives");
+  // From here on every collective is numbered, and a stalled one ends the
+  // job with rank 0's report of who is missing (comm/watchdog.hpp).
+  std::unique_ptr<comm::Watchdog> watchdog;
+  if (world.size > 1) watchdog = std::make_unique<comm::Watchdog>(world, comm::Watchdog::Options{timeout});
   std::unique_ptr<Backend> backend;
   if (place.device == "cuda") {
 #if DDP_HAVE_CUDA
-    backend = make_cuda_backend(world, cfg, place.gpu, std::move(host_comm));
+    backend = make_cuda_backend(world, cfg, place.gpu, std::move(host_comm), watchdog.get());
 #endif
   } else {
-    backend = make_cpu_backend(std::move(host_comm));
+    backend = make_cpu_backend(watchdog ? watchdog->watch(std::move(host_comm)) : std::move(host_comm));
   }
   DDP_CHECK(backend, "--device ", place.device, ": not in this build");
   if (cfg.grad_compression != "none" && place.device == "cuda")
@@ -325,6 +331,16 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
                                     " is not yet available with GPUs (--device cuda); use --grad-compression none, "
                                     "or --device cpu"));
   auto replica = std::make_unique<Replica>(cfg, optimizer, std::move(backend), std::move(graph));
+  // Ends the watching before the replica goes: with every rank at the end
+  // of training (each return below follows a barrier), or at once when an
+  // error leaves.
+  struct EndWatch {
+    std::unique_ptr<comm::Watchdog>& w;
+    ~EndWatch() {
+      if (w && std::uncaught_exceptions() == 0) w->stop();
+      w.reset();
+    }
+  } end_watch{watchdog};
   comm::Communicator& comm = replica->comm();
   comm.set_timeout(timeout);
   const nn::Graph& g = replica->graph();

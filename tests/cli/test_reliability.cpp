@@ -1,8 +1,10 @@
-// A rank that dies ends the whole job, naming it, and leaves nothing behind.
+// A rank that dies or stops ends the whole job, naming it, and leaves nothing
+// behind.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <string>
+#include <utility>
 
 #include "run_outputs.hpp"
 
@@ -27,6 +29,51 @@ TEST(Reliability, KilledRankEndsTheJobNamingIt) {
   EXPECT_NE(r.err.find("process rank 2 "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("signal 9"), std::string::npos) << r.err;
   remove_tree(dir);
+}
+
+// SIGSTOP of rank `rank` of 4 once an epoch is done (a hung process: alive,
+// never arriving): the job must end within 60 s and leave no process, the
+// stopped one included. The job's output, and the stopped rank's pid.
+std::pair<RunResult, int> stop_a_rank(int rank, const std::string& timeout) {
+  const std::string dir = make_temp_dir();
+  BackgroundJob job(4, "--synthetic 4096 --batch-size 128 --epochs 1000 --quiet --timeout " + timeout +
+                           " --metrics-out " + dir + "/m.jsonl");
+  EXPECT_TRUE(wait_until([&] { return !read_text(dir + "/m.jsonl").empty(); }, 120)) << "no epoch within 120 s";
+  const int pid = job.rank_pid(rank);
+  EXPECT_GT(pid, 0) << "no process of rank " << rank;
+  if (pid > 0) {
+    EXPECT_EQ(::kill(pid, SIGSTOP), 0);
+    EXPECT_TRUE(wait_until([&] { return !job.running(); }, 60)) << "the job outlived its stopped rank by 60 s";
+    EXPECT_TRUE(wait_until([&] { return job.alive() == 0; }, 10)) << job.alive() << " processes left";
+  }
+  remove_tree(dir);
+  RunResult r = job.wait();
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("ddp_train: error: watchdog: "), std::string::npos) << r.err;
+  return {r, pid};
+}
+
+// Rank 2 stopped: the collectives' own timeout would only say "did not
+// complete". Rank 0's watchdog ends the job with one report naming the
+// collective, its bucket, the ranks that reached it and rank 2 as not
+// arrived.
+TEST(Reliability, StoppedRankIsNamedByTheWatchdog) {
+  const auto [r, pid] = stop_a_rank(2, "20");
+  EXPECT_NE(r.err.find("\n  collective #"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("all-reduce of bucket "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("\n  reached it: ranks 0, 1, 3\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("\n  not arrived: rank 2 on host "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(", pid " + std::to_string(pid) + ": not heard from for "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(rank 0 ends the job)"), std::string::npos) << r.err;
+}
+
+// Rank 0, which collects the reports, stopped: rank 1 notices its silence
+// and ends the job, naming it.
+TEST(Reliability, StoppedRankZeroIsNamedByRankOne) {
+  const auto [r, pid] = stop_a_rank(0, "10");
+  EXPECT_NE(r.err.find("not arrived: rank 0 on host "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(", pid " + std::to_string(pid) + ": not heard from for "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(rank 1 ends the job)"), std::string::npos) << r.err;
 }
 
 }  // namespace

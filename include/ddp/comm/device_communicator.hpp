@@ -27,6 +27,11 @@ class DeviceCommunicator : public Communicator {
   // errors; on an error or the timeout it aborts them (ncclCommAbort) and
   // throws ddp::Error naming `what`, the backend and the timeout.
   virtual void synchronize(cudaStream_t stream, const std::string& what) = 0;
+  // Called from another thread (the watchdog's) just before this process
+  // ends the job: stops the collectives in flight so that no kernel keeps
+  // the GPU waiting (ncclCommAbort on NCCL; nothing for MPI, whose
+  // MPI_Abort follows).
+  virtual void abort_now() {}
 };
 
 // NCCL: rank 0 calls ncclGetUniqueId and MPI_Bcasts its 128 bytes, then an

@@ -61,6 +61,11 @@ class Reducer {
   void set_sync(bool sync) { sync_ = sync; }
   bool sync() const { return sync_; }
 
+  // The parameters' names in flat order, for the names of the buckets'
+  // all-reduces ("... (parameters 4..9: fc1.bias .. conv2.weight)"), which
+  // timeouts and the watchdog report.
+  void set_param_names(std::vector<std::string> names);
+
   // Each bucket's all-reduce, launch to completion, as a span of the trace
   // (nullptr: none).
   void set_trace(Trace* trace) { trace_ = trace; }
@@ -77,6 +82,7 @@ class Reducer {
   std::vector<std::shared_ptr<comm::Work>> work_;
   std::vector<std::chrono::steady_clock::time_point> launched_at_;
   Trace* trace_ = nullptr;
+  std::vector<std::string> names_;  // one per bucket: what its all-reduce is called
   size_t next_ = 0;
   bool overlap_, sync_ = true;
   comm::Wire wire_;

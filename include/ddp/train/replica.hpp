@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"  // Communicator
+#include "ddp/comm/watchdog.hpp"      // Watchdog: the GPU communicator watched
 #include "ddp/data/loader.hpp"        // Batch
 #include "ddp/ddp/reducer.hpp"        // Reducer
 #include "ddp/nn/model.hpp"           // Model, ModelState, Graph
@@ -120,9 +121,11 @@ std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<comm::Communicator> co
 // host_comm and refuses two nccl ranks on one GPU (backend auto: nccl when
 // no GPU is shared, else mpi), then the communicator (nccl, or mpi staged
 // through pinned memory) and batches through pinned buffers on the copy
-// stream. Collective.
+// stream. With a watchdog, the device communicator is watched and aborted
+// (ncclCommAbort) when the watchdog ends the job. Collective.
 std::unique_ptr<Backend> make_cuda_backend(const World& world, const Config& cfg, int gpu,
-                                           std::unique_ptr<comm::Communicator> host_comm);
+                                           std::unique_ptr<comm::Communicator> host_comm,
+                                           comm::Watchdog* watchdog);
 #endif
 
 class Replica {

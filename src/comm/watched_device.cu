@@ -1,0 +1,30 @@
+// Watchdog::watch for the GPU communicators (comm/watchdog.hpp).
+#include "ddp/comm/device_communicator.hpp"
+#include "ddp/comm/watchdog.hpp"
+#include "watched.hpp"
+
+namespace ddp::comm {
+
+namespace {
+
+// The device all-reduces are numbered when issued and complete when their
+// event has fired (done()); synchronize is a wait on this device, not a
+// collective, and is only given the backstop timeout.
+class WatchedDevice final : public Watched<DeviceCommunicator> {
+ public:
+  using Watched<DeviceCommunicator>::Watched;
+  void synchronize(cudaStream_t stream, const std::string& what) override {
+    inner_->set_timeout(timeout() + grace_);
+    Tracker::Nested inside;
+    inner_->synchronize(stream, what);
+  }
+  void abort_now() override { inner_->abort_now(); }
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceCommunicator> Watchdog::watch(std::unique_ptr<DeviceCommunicator> inner) {
+  return std::make_unique<WatchedDevice>(std::move(inner), tracker(), grace());
+}
+
+}  // namespace ddp::comm
