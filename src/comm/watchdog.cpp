@@ -16,11 +16,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <iostream>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -299,8 +297,10 @@ class Watchdog::Impl {
       const auto ago = [&](int r) { return std::chrono::duration<double>(now - slots[size_t(r)].heard).count(); };
 
       if (rank_ == 0) {
+        // One look at this rank per interval: for the table, then sent.
+        Beat mine = own(stopping);
         std::vector<RankView> views;
-        views.push_back(view(0, own(stopping), 0));
+        views.push_back(view(0, mine, 0));
         bool all_bye = true;
         for (int r = 1; r < size_; ++r) {
           views.push_back(view(r, slots[size_t(r)].beat, ago(r)));
@@ -312,11 +312,13 @@ class Watchdog::Impl {
           for (int r = 1; r < size_; ++r) {
             Slot& s = slots[size_t(r)];
             while (!test(&s.send)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            send(s, r, own(true));
+            send(s, r, mine);  // the goodbye
           }
           break;
         }
-        const Beat mine = own(false);
+        // Not a goodbye until every rank has said its own: a rank that
+        // receives rank 0's stops watching.
+        mine.bye = 0;
         for (int r = 1; r < size_; ++r)
           if (test(&slots[size_t(r)].send)) send(slots[size_t(r)], r, mine);
       } else {
