@@ -4,7 +4,9 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
+#include <vector>
 #include <cxxopts.hpp>
 
 #include "ddp/core/error.hpp"
@@ -37,6 +39,21 @@ void validate(const train::Config& c, int world_size) {
         "' (--model; known: ", known, ")");
   range("epochs", c.epochs, 1, kMaxEpochs);
   range("batch-size", c.batch_size, 1, kMaxBatch);
+  if (c.deterministic_shards > 0) {
+    const int k = c.deterministic_shards;
+    range("deterministic-shards", k, 1, kMaxBatch);
+    usage(c.batch_size % k == 0, "--deterministic-shards ", k, " must divide the global batch (--batch-size ",
+          c.batch_size, ") into micro-shards of equal size");
+    usage(k % world_size == 0, "--deterministic: ", world_size, " ranks cannot share ", k,
+          " micro-shards (--deterministic-shards) evenly; the world sizes that reproduce this run are ",
+          train::reproducing_world_sizes(k));
+    usage(c.accumulate == 1, "--accumulate: --deterministic already takes each rank's batch one micro-shard at a "
+          "time (", c.batch_size / k, " samples, --deterministic-shards ", k, "); drop --accumulate");
+    usage(c.grad_compression == "none", "--grad-compression ", c.grad_compression,
+          ": --deterministic sums gradients exactly, as integers; drop one of the two");
+    usage(!c.sync_bn, "--sync-bn with --deterministic is not available yet: BatchNorm's statistics would be "
+          "summed in float; drop one of the two");
+  }
   usage(c.batch_size % world_size == 0, "--batch-size ", c.batch_size,
         " is the global batch and must be divisible by the world size ", world_size, " (",
         c.batch_size, " % ", world_size, " = ", c.batch_size % world_size, ")");
@@ -197,6 +214,10 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     ("no-overlap", "all-reduce every bucket after backward instead of during it", cxxopts::value<bool>())
     ("sync-bn", "BatchNorm statistics over all ranks' batches (SyncBatchNorm), not each rank's own",
          cxxopts::value(c.sync_bn))
+    ("deterministic", "bitwise the same training at every world size that divides --deterministic-shards, "
+                      "and on resume at another one (CPU)", cxxopts::value<bool>())
+    ("deterministic-shards", "K: --deterministic's micro-shards per global batch; world sizes must divide it "
+                             "(default 16, or the largest power of two below it dividing --batch-size)", text())
     ("timeout", "seconds a collective may wait, or a rank go unheard, before the watchdog ends the job "
                 "naming the ranks that did not arrive (default 300)", text())
     ("debug-collectives", "before each collective, check every rank issues the same one (costs a round trip each)",
@@ -264,6 +285,13 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     read_number(result, "checkpoint-every", c.checkpoint_every);
     read_number(result, "keep-checkpoints", c.keep_checkpoints);
     c.overlap = result.count("no-overlap") == 0;
+    if (result.count("deterministic")) {
+      c.deterministic_shards = 16;
+      while (c.batch_size % c.deterministic_shards != 0) c.deterministic_shards /= 2;
+      read_number(result, "deterministic-shards", c.deterministic_shards);
+    } else if (result.count("deterministic-shards")) {
+      throw UsageError("--deterministic-shards sets --deterministic's micro-shards; add --deterministic");
+    }
   } catch (const cxxopts::exceptions::exception& e) {
     throw UsageError(std::string(e.what()) + " (see --help)");
   }

@@ -22,7 +22,7 @@ struct Call {
   char what[112];   // the caller's name for it, cut
 };
 
-enum Kind : int32_t { kAllreduce, kAllreduce16, kBroadcast, kBarrier, kAllgather, kAllreduceDoubles };
+enum Kind : int32_t { kAllreduce, kAllreduce16, kBroadcast, kBarrier, kAllgather, kAllreduceDoubles, kAllreduceInt64 };
 
 const char* kind_name(int32_t k) {
   switch (k) {
@@ -32,6 +32,7 @@ const char* kind_name(int32_t k) {
     case kBarrier: return "barrier";
     case kAllgather: return "allgather";
     case kAllreduceDoubles: return "all-reduce of doubles";
+    case kAllreduceInt64: return "all-reduce of int64";
   }
   return "collective";
 }
@@ -82,6 +83,10 @@ class CheckedCommunicator final : public Communicator {
   void allreduce_doubles(double* data, size_t count, bool max, const std::string& what) override {
     check(kAllreduceDoubles, count, -1, what);
     inner_->allreduce_doubles(data, count, max, what);
+  }
+  void allreduce_int64(int64_t* data, size_t count, const std::string& what) override {
+    check(kAllreduceInt64, count, -1, what);
+    inner_->allreduce_int64(data, count, what);
   }
 
  private:

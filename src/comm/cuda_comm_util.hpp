@@ -113,6 +113,9 @@ class HostCollectives : public DeviceCommunicator {
   void allreduce_doubles(double* data, size_t count, bool max, const std::string& what) override {
     host().allreduce_doubles(data, count, max, what);
   }
+  void allreduce_int64(int64_t* data, size_t count, const std::string& what) override {
+    host().allreduce_int64(data, count, what);
+  }
 
  protected:
   explicit HostCollectives(std::unique_ptr<Communicator> mpi) : host_mpi_(std::move(mpi)) {}

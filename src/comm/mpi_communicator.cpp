@@ -292,6 +292,24 @@ class MpiCommunicator final : public Communicator {
     std::memcpy(data, stage.data(), stage.size());
   }
 
+  void allreduce_int64(int64_t* data, size_t count, const std::string& what) override {
+    DDP_CHECK(data != nullptr || count == 0, what, ": all-reduce of a null buffer");
+    if (size_ == 1 || count == 0) return;
+    // In pieces an int count can hold, each staged (Note [abandoned requests]).
+    constexpr size_t kPiece = size_t(1) << 24;
+    std::vector<char> stage(std::min(count, kPiece) * sizeof(int64_t));
+    for (size_t off = 0; off < count; off += kPiece) {
+      const size_t n = std::min(kPiece, count - off);
+      const std::string desc = detail::concat(what, " (all-reduce sum of ", n, " int64",
+                                              count > kPiece ? detail::concat(", from element ", off) : "", ")");
+      std::memcpy(stage.data(), data + off, n * sizeof(int64_t));
+      MPI_Request req;
+      check(MPI_Iallreduce(MPI_IN_PLACE, stage.data(), int(n), MPI_INT64_T, MPI_SUM, sync_comm_, &req), desc);
+      complete(&req, stage, desc);
+      std::memcpy(data + off, stage.data(), n * sizeof(int64_t));
+    }
+  }
+
  private:
   struct Orphan {
     MPI_Request req;

@@ -187,6 +187,10 @@ class Watched : public Base {
     Blocking b(*this, max ? "max-all-reduce" : "all-reduce", what, format_bytes(count * sizeof(double)));
     inner_->allreduce_doubles(data, count, max, what);
   }
+  void allreduce_int64(int64_t* data, size_t count, const std::string& what) override {
+    Blocking b(*this, "all-reduce", what, format_bytes(count * sizeof(int64_t)));
+    inner_->allreduce_int64(data, count, what);
+  }
 
  protected:
   // A blocking collective, entered for the scope's life.

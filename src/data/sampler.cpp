@@ -49,6 +49,14 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int world_size, int
   num_samples_ = drop_last ? n_ / world_ : (n_ + world_ - 1) / world_;
 }
 
+void DistributedSampler::set_contiguous(int64_t global_batch) {
+  DDP_CHECK(global_batch >= 1 && global_batch % world_ == 0, "DistributedSampler: global batch ", global_batch,
+            " does not split over ", world_, " ranks");
+  DDP_CHECK(drop_last_, "DistributedSampler: contiguous shards deal whole global batches only (drop_last)");
+  contiguous_ = global_batch;
+  num_samples_ = n_ / global_batch * (global_batch / world_);
+}
+
 std::vector<int64_t> DistributedSampler::indices() const {
   std::vector<int64_t> order;
   if (shuffle_) {
@@ -58,6 +66,12 @@ std::vector<int64_t> DistributedSampler::indices() const {
     std::iota(order.begin(), order.end(), int64_t{0});
   }
   std::vector<int64_t> mine(static_cast<size_t>(num_samples_));
+  if (contiguous_ > 0) {
+    const int64_t b = contiguous_ / world_;
+    for (int64_t k = 0; k < num_samples_; ++k)
+      mine[k] = order[static_cast<size_t>(k / b * contiguous_ + rank_ * b + k % b)];
+    return mine;
+  }
   for (int64_t k = 0; k < num_samples_; ++k) {
     // Position rank + k*W of the (padded) permutation. PyTorch pads with
     // indices[:pad] repeated as often as needed, i.e. position i holds

@@ -43,6 +43,12 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
   std::vector<std::string> names;
   for (const auto& p : g.params) names.push_back(p.name);
   reducer_->set_param_names(std::move(names));
+  if (cfg.deterministic_shards > 0) {
+    exact_ = std::make_unique<ExactGradientSum>(numels, cfg.deterministic_shards);
+    shard_ = cfg.batch_size / cfg.deterministic_shards;
+    global_batch_ = cfg.batch_size;
+    backend_->set_exact_loss();
+  }
   optimizer_ = std::make_unique<optim::Optimizer>(opt, g.params, dev, backend_->optim_kernels());
   classes_ = static_cast<int>(g.output_shape().numel());
   dlogits_ = dev.alloc(size_t(cfg.batch_size) * size_t(classes_));
@@ -53,12 +59,14 @@ Replica::~Replica() = default;
 void Replica::push(const TrainState& s) {
   model_->set_state(s.model);
   optimizer_->set_state(s.optimizer);
+  if (exact_ && !s.grad_exponents.empty()) exact_->set_exponents(s.grad_exponents);
 }
 
 void Replica::pull(TrainState& s) {
   backend_->sync("reading the model back");
   model_->get_state(s.model);
   optimizer_->get_state(s.optimizer);
+  s.grad_exponents = exact_ ? exact_->exponents() : std::vector<int64_t>{};
 }
 
 void Replica::push_buffers(const nn::ModelState& s) { model_->set_buffers(s); }
@@ -92,10 +100,30 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
   const auto [x, y] = backend_->stage(b);
   stage_span.reset();
   lap(times_.data);
-  const int micro = b.size / accumulate_;
   const size_t sample = b.x.size() / size_t(b.size);
-  model_->zero_grads();
   StepHealth health;
+  if (exact_) {
+    exact_passes(x, y, b.size, sample, health, lap);
+    allreduces_ += 2;
+    allreduce_bytes_ += double(exact_->bytes_per_step());
+  } else {
+    reduced_passes(x, y, b.size, sample, health, lap);
+  }
+  {
+    TraceScope span(trace_, Trace::kStep, "optimizer", "optimizer");
+    if (backend_->checks_every_step())
+      health.grads_finite = backend_->all_finite(model_->grads(), model_->num_params());
+    if (health.grads_finite) optimizer_->step(lr, model_->params(), model_->grads());
+    backend_->batch_done();
+  }
+  lap(times_.optimizer);
+  return health;
+}
+
+void Replica::reduced_passes(const float* x, const int32_t* y, int batch, size_t sample, StepHealth& health,
+                             const std::function<void(double&)>& lap) {
+  const int micro = batch / accumulate_;
+  model_->zero_grads();
   const int64_t launched = reducer_->launches(), bytes = reducer_->launched_bytes();
   // Note [gradient accumulation] (nn/device.hpp): backward adds into the
   // gradient buffer, so micro-batches sum there; each one's d(loss) is taken
@@ -108,7 +136,7 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
       const float* logits = model_->forward(x + size_t(k) * micro * sample, micro, nn::Mode::Train);
       TraceScope loss_span(trace_, Trace::kStep, "forward", "loss");
       if (const auto loss =
-              backend_->loss(logits, y + size_t(k) * micro, micro, classes_, dlogits_->data(), b.size)) {
+              backend_->loss(logits, y + size_t(k) * micro, micro, classes_, dlogits_->data(), batch)) {
         health.loss += *loss / accumulate_;
         health.loss_finite = health.loss_finite && std::isfinite(*loss);
       }
@@ -133,15 +161,49 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
   lap(times_.comm);
   allreduces_ += double(reducer_->launches() - launched);
   allreduce_bytes_ += double(reducer_->launched_bytes() - bytes);
-  {
-    TraceScope span(trace_, Trace::kStep, "optimizer", "optimizer");
-    if (backend_->checks_every_step())
-      health.grads_finite = backend_->all_finite(model_->grads(), model_->num_params());
-    if (health.grads_finite) optimizer_->step(lr, model_->params(), model_->grads());
-    backend_->batch_done();
+}
+
+void Replica::exact_passes(const float* x, const int32_t* y, int batch, size_t sample, StepHealth& health,
+                           const std::function<void(double&)>& lap) {
+  DDP_CHECK(batch % shard_ == 0, "a batch of ", batch, " does not split into micro-shards of ", shard_,
+            " (--deterministic-shards)");
+  const int shards = batch / shard_;
+  // What earlier steps left in the backend's sums is set aside, so that a
+  // redone step counts its loss once.
+  const std::vector<double> earlier = backend_->take_sums();
+  loss_ += earlier[0];
+  correct_ += earlier[1];
+  eval_correct_ += earlier[2];
+  for (;;) {
+    exact_->begin_step();
+    health = StepHealth{};
+    for (int k = 0; k < shards; ++k) {
+      model_->zero_grads();
+      {
+        TraceScope span(trace_, Trace::kStep, "forward", "forward");
+        const float* logits = model_->forward(x + size_t(k) * shard_ * sample, shard_, nn::Mode::Train);
+        // d(loss)/d(logits) over the global batch: the micro-shards' sum
+        // over every rank is then the step's mean gradient.
+        if (const auto loss = backend_->loss(logits, y + size_t(k) * shard_, shard_, classes_, dlogits_->data(),
+                                             global_batch_)) {
+          health.loss += *loss / shards;
+          health.loss_finite = health.loss_finite && std::isfinite(*loss);
+        }
+      }
+      lap(times_.forward);
+      {
+        TraceScope span(trace_, Trace::kStep, "backward", "backward");
+        model_->backward(dlogits_->data(), shard_);
+        exact_->add(model_->grads());
+      }
+      lap(times_.backward);
+    }
+    TraceScope span(trace_, Trace::kStep, "comm", "fixed-point all-reduce");
+    const ExactGradientSum::Result r = exact_->finish(backend_->comm(), model_->grads());
+    lap(times_.comm);
+    if (r != ExactGradientSum::Result::Redo) return;
+    backend_->take_sums();  // the attempt that outgrew its exponents
   }
-  lap(times_.optimizer);
-  return health;
 }
 
 StepSums Replica::take_sums() {

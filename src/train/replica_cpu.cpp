@@ -1,5 +1,6 @@
 // The CPU backend (train/replica.hpp): the model's memory is the host's, so a
 // batch is used where the loader put it and the sums are plain doubles.
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -13,8 +14,8 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(std::unique_ptr<comm::Communicator> comm)
-      : comm_(std::move(comm)), device_(nn::make_cpu_device(nn::default_threads())) {}
+  CpuBackend(std::unique_ptr<comm::Communicator> comm, int threads)
+      : comm_(std::move(comm)), device_(nn::make_cpu_device(threads > 0 ? threads : nn::default_threads())) {}
 
   std::string device_name() const override { return "cpu"; }
   nn::Device& device() override { return *device_; }
@@ -27,7 +28,8 @@ class CpuBackend final : public Backend {
   std::optional<double> loss(const float* logits, const int32_t* labels, int batch, int classes,
                              float* dlogits, int grad_batch) override {
     const float loss = nn::softmax_cross_entropy(logits, labels, batch, classes, dlogits, grad_batch);
-    sums_[0] += double(loss) * batch;
+    const double sum = double(loss) * batch;
+    sums_[0] += exact_loss_ ? std::ldexp(std::nearbyint(std::ldexp(sum, 20)), -20) : sum;
     sums_[1] += double(nn::count_correct(logits, labels, batch, classes));
     return loss;
   }
@@ -35,6 +37,7 @@ class CpuBackend final : public Backend {
     sums_[2] += double(nn::count_correct(logits, labels, batch, classes));
   }
   std::vector<double> take_sums() override { return std::exchange(sums_, std::vector<double>(3, 0.0)); }
+  void set_exact_loss() override { exact_loss_ = true; }
 
   bool checks_every_step() const override { return true; }
   bool all_finite(const float* p, size_t n) override { return first_non_finite(p, n) == n; }
@@ -45,12 +48,13 @@ class CpuBackend final : public Backend {
   std::unique_ptr<nn::Device> device_;
   std::unique_ptr<optim::Kernels> kernels_ = optim::make_cpu_kernels();
   std::vector<double> sums_ = std::vector<double>(3, 0.0);  // loss, correct, evaluation correct
+  bool exact_loss_ = false;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<comm::Communicator> comm) {
-  return std::make_unique<CpuBackend>(std::move(comm));
+std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<comm::Communicator> comm, int threads) {
+  return std::make_unique<CpuBackend>(std::move(comm), threads);
 }
 
 }  // namespace ddp::train

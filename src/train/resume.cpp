@@ -56,6 +56,9 @@ std::string dataset_id(const data::Dataset& d) {
 // PyTorch's per-parameter state names, and its step count.
 const std::string kOptimizerPrefix = "optimizer.";
 const std::string kOptimizerStep = "optimizer.step";
+// --deterministic's fixed-point exponent per parameter, flat order (Note
+// [fixed-point gradients], ddp/exact_sum.hpp).
+const std::string kGradExponents = "ddp.deterministic.grad_exponents";
 
 }  // namespace
 
@@ -85,6 +88,8 @@ std::map<std::string, std::string> resume_config(const Config& cfg, const nn::Gr
   if (o.max_grad_norm > 0) c["clip_grad_norm"] = num(o.max_grad_norm);
   // Where there are batch statistics, whose they are is part of the run.
   if (!g.counters.empty()) c["sync_bn"] = cfg.sync_bn ? "true" : "false";
+  // Another cut of the global batch sums other floats: not the same run.
+  if (cfg.deterministic_shards > 0) c["deterministic_shards"] = std::to_string(cfg.deterministic_shards);
   return c;
 }
 
@@ -95,6 +100,8 @@ std::vector<checkpoint::TensorView> checkpoint_tensors(const nn::Graph& g, const
   for (size_t i = 0; i < g.counters.size(); ++i)
     views.push_back({g.counters[i], {}, nullptr, &s.model.counters[i]});
   if (s.optimizer.step > 0) views.push_back({kOptimizerStep, {}, nullptr, &s.optimizer.step});
+  if (!s.grad_exponents.empty())
+    views.push_back({kGradExponents, {int64_t(s.grad_exponents.size())}, nullptr, s.grad_exponents.data()});
   for (const auto& [name, data] : s.optimizer.buffers)
     for (const auto& p : g.params)
       views.push_back({kOptimizerPrefix + name + "." + p.name, p.shape, data.data() + p.offset});
@@ -137,6 +144,12 @@ void check_resumable(const std::string& path, const checkpoint::Checkpoint& ckpt
   for (const auto& p : g.params) check_tensor(p.name, p.shape, checkpoint::Dtype::F32);
   for (const auto& b : g.buffers) check_tensor(b.name, b.shape, checkpoint::Dtype::F32);
   for (const auto& c : g.counters) check_tensor(c, {}, checkpoint::Dtype::I64);
+  if (const auto* e = ckpt.file.find(kGradExponents)) {
+    check_tensor(kGradExponents, {int64_t(g.params.size())}, checkpoint::Dtype::I64);
+    for (int64_t x : e->ints)
+      DDP_CHECK(x >= -kMaxExponent && x <= kMaxExponent, path, ": tensor '", kGradExponents, "' holds ", x,
+                ", outside [", -kMaxExponent, ", ", kMaxExponent, "]");
+  }
   // The optimizer's buffers for every parameter, once it has stepped (older
   // checkpoints have no step count: their buffers say whether it has).
   const auto* step = ckpt.file.find(kOptimizerStep);
@@ -163,6 +176,8 @@ void restore(const checkpoint::Checkpoint& ckpt, const nn::Graph& g, const optim
   for (const auto& p : g.params) copy(p.name, s.model.params.data() + p.offset);
   for (const auto& b : g.buffers) copy(b.name, s.model.buffers.data() + b.offset);
   for (size_t i = 0; i < g.counters.size(); ++i) s.model.counters[i] = ckpt.file.find(g.counters[i])->ints.at(0);
+  s.grad_exponents.clear();
+  if (const auto* e = ckpt.file.find(kGradExponents)) s.grad_exponents = e->ints;
   s.optimizer = {};
   const auto names = optim::buffer_names(opt);
   if (const auto* step = ckpt.file.find(kOptimizerStep))

@@ -79,7 +79,7 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
   std::snprintf(mine.device, sizeof(mine.device), "%s", replica.device().c_str());
   mine.local_rank = world.local_rank;
   mine.local_size = world.local_size;
-  mine.threads = world.threads;
+  mine.threads = cfg.deterministic_shards > 0 ? 1 : world.threads;  // make_cpu_backend's
   mine.shard = shard;
   mine.steps = steps;
   const std::vector<char> all = comm.allgather(&mine, sizeof(mine), "start-up rank table");
@@ -102,6 +102,12 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
   if (cfg.scale_lr)
     out << " (--scale-lr: " << cfg.lr << " x global batch " << cfg.batch_size << " / 256)";
   if (cfg.grad_compression != "none") out << "; gradients all-reduced as " << cfg.grad_compression;
+  if (cfg.deterministic_shards > 0)
+    out << "\nddp_train: deterministic: " << cfg.deterministic_shards << " micro-shards of "
+        << cfg.batch_size / cfg.deterministic_shards
+        << " samples per step, gradients summed as integers, one thread per rank; bitwise the same at world "
+           "sizes "
+        << reproducing_world_sizes(cfg.deterministic_shards);
   if (cfg.accumulate > 1)
     out << "; " << cfg.accumulate << " micro-batches of " << cfg.batch_size / world.size / cfg.accumulate
         << " per rank per step (--accumulate), all-reduce after the last";
@@ -296,6 +302,9 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   });
   const data::Dataset& train = data.train;
   data::DistributedSampler sampler(train.n, world.size, world.rank, cfg.seed);
+  // Micro-shards are contiguous blocks of the global batch (Note [fixed-point
+  // gradients], ddp/exact_sum.hpp).
+  if (cfg.deterministic_shards > 0) sampler.set_contiguous(cfg.batch_size);
   const int64_t steps = sampler.num_samples() / per_rank;
 
   // The model, described once, and this rank's replica of it on its device;
@@ -308,6 +317,9 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
 
   const Placement place = place_rank(*host_comm, world, cfg);
   if (leader && !place.note.empty()) std::cerr << "ddp_train: note: " << place.note << "\n";
+  if (cfg.deterministic_shards > 0 && place.device == "cuda")
+    throw UsageError("--deterministic runs on CPUs in this version of ddp_train (its GPU path, integer NCCL "
+                     "all-reduces, is not written yet): add --device cpu");
   if (cfg.debug_collectives && place.device == "cuda")
     throw UsageError("--debug-collectives checks the MPI backend's collectives; with GPUs (--device cuda) it is not "
                      "available yet: use --device cpu to debug the order of collectives");
@@ -321,7 +333,10 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     backend = make_cuda_backend(world, cfg, place.gpu, std::move(host_comm), watchdog.get());
 #endif
   } else {
-    backend = make_cpu_backend(watchdog ? watchdog->watch(std::move(host_comm)) : std::move(host_comm));
+    // --deterministic: one thread per rank, so that a micro-shard's kernels
+    // (their chunks and partial sums) are the same at every world size.
+    backend = make_cpu_backend(watchdog ? watchdog->watch(std::move(host_comm)) : std::move(host_comm),
+                               cfg.deterministic_shards > 0 ? 1 : 0);
   }
   DDP_CHECK(backend, "--device ", place.device, ": not in this build");
   if (cfg.grad_compression != "none" && place.device == "cuda")

@@ -65,6 +65,10 @@ class Communicator {
   virtual std::vector<char> allgather(const void* mine, size_t bytes, const std::string& what) = 0;
   // Sum or max of small integer/double vectors (metrics, agreement checks).
   virtual void allreduce_doubles(double* data, size_t count, bool max, const std::string& what) = 0;
+  // Exact sum of int64 vectors of any length (--deterministic's fixed-point
+  // gradients): integer addition is associative, so every rank gets the same
+  // sum whatever the reduction order. The caller keeps the sums in range.
+  virtual void allreduce_int64(int64_t* data, size_t count, const std::string& what) = 0;
 
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }

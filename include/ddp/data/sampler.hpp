@@ -19,6 +19,12 @@ class DistributedSampler {
  public:
   DistributedSampler(int64_t dataset_size, int world_size, int rank, uint64_t seed,
                      bool shuffle = true, bool drop_last = true);
+  // --deterministic: rank r takes a contiguous run of each global batch of
+  // global_batch positions, perm[t*B + r*b, t*B + (r+1)*b) with b = B / W, so
+  // that a micro-shard (a contiguous block of the global batch) holds the
+  // same samples in the same order at every world size. Only whole global
+  // batches are dealt.
+  void set_contiguous(int64_t global_batch);
   void set_epoch(uint64_t epoch) { epoch_ = epoch; }
   uint64_t epoch() const { return epoch_; }
   int64_t num_samples() const { return num_samples_; }
@@ -32,6 +38,7 @@ class DistributedSampler {
   bool shuffle_, drop_last_;
   uint64_t epoch_ = 0;
   int64_t num_samples_;
+  int64_t contiguous_ = 0;  // the global batch of set_contiguous; 0: strided
 };
 
 // Evaluation shard: rank r takes r, r + W, r + 2W, ... < n (no padding, no drop),

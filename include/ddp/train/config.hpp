@@ -36,6 +36,10 @@ struct Config {
   double bucket_cap_mb = 25.0;
   bool overlap = true;           // false: every all-reduce after backward (--no-overlap)
   bool sync_bn = false;          // BatchNorm statistics over all ranks (--sync-bn)
+  // --deterministic: the global batch in this many micro-shards, gradients
+  // summed in fixed point, so every world size dividing it gives the same bits
+  // (ddp/exact_sum.hpp). 0: off.
+  int deterministic_shards = 0;
   double timeout_sec = 300.0;    // bound on every collective
   bool debug_collectives = false;  // compare every rank's next collective before each one
   double preflight_timeout_sec = 60.0;  // bound on the start-up check that every rank is reachable
@@ -53,6 +57,18 @@ struct Config {
   int keep_checkpoints = 3;
   std::string resume;            // "", "auto" (newest valid in checkpoint_dir) or a file
 };
+
+// "1, 2, 4, 8 and 16": the world sizes that share `shards` micro-shards
+// evenly, which reproduce a --deterministic run.
+inline std::string reproducing_world_sizes(int shards) {
+  std::string s;
+  int last = 0;
+  for (int i = 1; i <= shards; ++i)
+    if (shards % i == 0) last = i;
+  for (int i = 1; i <= shards; ++i)
+    if (shards % i == 0) s += (s.empty() ? "" : i == last ? " and " : ", ") + std::to_string(i);
+  return s;
+}
 
 // Exit status of a run stopped by SIGTERM/SIGINT after it wrote a checkpoint:
 // rerunning the same command with --resume auto continues it.

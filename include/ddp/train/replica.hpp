@@ -14,6 +14,7 @@
 // step's sums are kept until the trainer reads them.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,7 @@
 #include "ddp/comm/communicator.hpp"  // Communicator
 #include "ddp/comm/watchdog.hpp"      // Watchdog: the GPU communicator watched
 #include "ddp/data/loader.hpp"        // Batch
+#include "ddp/ddp/exact_sum.hpp"      // ExactGradientSum: --deterministic
 #include "ddp/ddp/reducer.hpp"        // Reducer
 #include "ddp/nn/model.hpp"           // Model, ModelState, Graph
 #include "ddp/optim/optimizer.hpp"    // Optimizer: SGD, AdamW, their state, clipping
@@ -67,6 +69,9 @@ struct StepHealth {
 struct TrainState {
   nn::ModelState model;
   optim::State optimizer;
+  // --deterministic's fixed-point exponent per parameter (ddp/exact_sum.hpp);
+  // empty without it.
+  std::vector<int64_t> grad_exponents;
 };
 
 class Backend {
@@ -96,6 +101,10 @@ class Backend {
   virtual void count_correct(const float* logits, const int32_t* labels, int batch, int classes) = 0;
   // The sums since the last call (loss, correct; evaluation correct), reset.
   virtual std::vector<double> take_sums() = 0;
+  // --deterministic: each batch's loss sum is rounded to a multiple of 2^-20
+  // before it is added, so that sums of them are exact in double and the
+  // same in any order. Backends that cannot are refused --deterministic.
+  virtual void set_exact_loss() {}
 
   // Whether all_finite is cheap enough to run every step (it needs the host
   // to look at device memory).
@@ -111,9 +120,10 @@ class Backend {
   virtual DeviceUsage usage() { return {}; }
 };
 
-// The CPU backend: host memory, the MPI communicator, the kernels on as many
-// threads as World gave OpenBLAS (this rank's share of the cores).
-std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<comm::Communicator> comm);
+// The CPU backend: host memory, the MPI communicator, the kernels on
+// `threads` threads (0: as many as World gave OpenBLAS, this rank's share of
+// the cores).
+std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<comm::Communicator> comm, int threads = 0);
 
 #if DDP_HAVE_CUDA
 // The GPU backend on device index `gpu` (chosen by choose_gpu,
@@ -140,6 +150,8 @@ class Replica {
   DeviceUsage device_usage() { return backend_->usage(); }
   comm::Communicator& comm() { return backend_->comm(); }
   const Reducer& reducer() const { return *reducer_; }
+  // --deterministic's sum, nullptr without it.
+  const ExactGradientSum* exact_sum() const { return exact_.get(); }
   const nn::Graph& graph() const { return model_->graph(); }
   const optim::Optimizer& optimizer() const { return *optimizer_; }
 
@@ -173,11 +185,21 @@ class Replica {
   double take_correct();
 
  private:
+  // Forward and backward of the step's micro-batches (--accumulate), the
+  // last one's gradients all-reduced by the reducer as backward makes them.
+  void reduced_passes(const float* x, const int32_t* y, int batch, size_t sample, StepHealth& health,
+                      const std::function<void(double&)>& lap);
+  // --deterministic's forward and backward: micro-shard by micro-shard, each
+  // one's gradients into the fixed-point sum; then its all-reduce.
+  void exact_passes(const float* x, const int32_t* y, int batch, size_t sample, StepHealth& health,
+                    const std::function<void(double&)>& lap);
   class Stats;  // SyncBatchNorm's reducer over the backend's communicator
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Stats> stats_;
   std::unique_ptr<nn::Model> model_;
   std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<ExactGradientSum> exact_;  // --deterministic
+  int shard_ = 0, global_batch_ = 0;         // --deterministic's micro-shard, in samples
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<nn::Array> dlogits_;
   int classes_ = 0, accumulate_ = 1;

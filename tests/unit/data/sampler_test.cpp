@@ -90,6 +90,30 @@ TEST(Sampler, RankTakesEveryWthOfThePermutation) {
   for (size_t k = 0; k < mine.size(); ++k) EXPECT_EQ(mine[k], perm[2 + 3 * k]);
 }
 
+// --deterministic: a micro-shard (a contiguous block of a global batch) holds
+// the same samples in the same order at every world size that divides it.
+TEST(Sampler, ContiguousShardsAreTheSameBlocksAtEveryWorldSize) {
+  const int64_t n = 1000, batch = 96;  // 10 whole global batches, 40 samples dropped
+  const Indices perm = permutation(n, 4, 2);
+  for (int world : {1, 2, 3, 4, 6, 8}) {
+    SCOPED_TRACE(world);
+    const int64_t b = batch / world;
+    for (int r = 0; r < world; ++r) {
+      DistributedSampler s(n, world, r, 4);
+      s.set_contiguous(batch);
+      s.set_epoch(2);
+      const Indices mine = s.indices();
+      ASSERT_EQ(int64_t(mine.size()), 10 * b);
+      ASSERT_EQ(s.num_samples(), 10 * b);
+      // Step t's part of this rank: positions t*B + r*b .. t*B + (r+1)*b - 1.
+      for (int64_t k = 0; k < int64_t(mine.size()); ++k)
+        ASSERT_EQ(mine[k], perm[(k / b) * batch + r * b + k % b]) << "rank " << r << ", sample " << k;
+    }
+  }
+  DistributedSampler s(n, 5, 0, 4);
+  expect_error([&] { s.set_contiguous(96); }, {"does not split over 5 ranks"});
+}
+
 TEST(Sampler, SetEpochReshufflesTheSameSet) {
   DistributedSampler s(1000, 1, 0, 3);
   EXPECT_EQ(s.epoch(), 0u);

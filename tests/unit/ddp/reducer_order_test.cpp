@@ -44,6 +44,7 @@ class Recorder : public comm::Communicator {
     return std::vector<char>(p, p + bytes);
   }
   void allreduce_doubles(double*, size_t, bool, const std::string&) override {}
+  void allreduce_int64(int64_t*, size_t, const std::string&) override {}
 
   std::vector<Launch> launches;
   std::vector<std::shared_ptr<DoneWork>> works;

@@ -163,6 +163,7 @@ class Recorder : public Communicator {
     return {};
   }
   void allreduce_doubles(double*, size_t, bool, const std::string& what) override { calls.push_back(what); }
+  void allreduce_int64(int64_t*, size_t, const std::string& what) override { calls.push_back(what); }
   std::vector<std::string> calls;
   std::vector<std::chrono::milliseconds> timeouts;
   std::vector<std::shared_ptr<FlagWork>> works;

@@ -1,0 +1,93 @@
+// ddp::ExactGradientSum: --deterministic's gradient average, the same bits at
+// every world size.
+//
+// Note [fixed-point gradients]: float addition is not associative, so a
+// gradient summed over 64 samples on each of 4 ranks and then across them is
+// not the float of the same 256 samples summed on one. Under --deterministic
+// the global batch is cut into a fixed number of micro-shards (K); each rank
+// computes every micro-shard's gradient on its own (the same floats at every
+// world size: the same samples, the same kernels, one thread), and adds it to
+// an int64 accumulator as round(g * 2^e), with e per parameter. Integer
+// addition is associative, so the all-reduced sums, and the floats they are
+// turned back into once, are the same whatever the ranks and their order.
+//
+// e must be agreed before the first micro-shard is converted: it comes from
+// the previous step's largest |g| over all micro-shards (all-reduced with
+// max, which is exact), leaving kHeadroomBits of growth. Every element is kept
+// below 2^limit_bits (62 - ceil(log2 K)), so K of them cannot overflow. A
+// step whose gradients outgrew that is found from the same all-reduced
+// maximum, on every rank alike: its exponents are lowered and the step is
+// computed again (a redo; the first step of a run may need one). Exponents are
+// run state: a checkpoint keeps them, so a resumed run converts as the
+// uninterrupted one would.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "ddp/comm/communicator.hpp"  // Communicator
+
+namespace ddp {
+
+// Growth (in powers of two) of a parameter's largest gradient element from
+// one step to the next that needs no redo.
+constexpr int kHeadroomBits = 8;
+
+// The largest number of bits an element may use so that `shards` of them
+// cannot overflow an int64 sum: 62 - ceil(log2(shards)).
+int fixed_point_limit_bits(int shards);
+
+// The exponent for a parameter whose largest |gradient element| was max_abs
+// (> 0, finite): the largest element then uses limit_bits - kHeadroomBits
+// bits. Clamped to [-kMaxExponent, kMaxExponent].
+constexpr int kMaxExponent = 400;
+int fixed_point_exponent(double max_abs, int limit_bits);
+
+// acc[i] += round-to-nearest-even(g[i] * 2^exponent) for the elements below
+// 2^limit_bits after scaling (the others are left out: the step is redone).
+// Returns the largest |g[i]|, or +infinity when one is NaN or infinite.
+double quantize_add(const float* g, size_t n, int exponent, int limit_bits, int64_t* acc);
+
+// g[i] = acc[i] * 2^-exponent, rounded to float.
+void dequantize(const int64_t* acc, size_t n, int exponent, float* g);
+
+class ExactGradientSum {
+ public:
+  enum class Result { Done, Redo, NonFinite };
+
+  // param_numels in flat order; shards: micro-shards of the global batch,
+  // over all ranks together.
+  ExactGradientSum(std::vector<size_t> param_numels, int shards);
+
+  // Before a step's first micro-shard: empties the sums.
+  void begin_step();
+  // One micro-shard's gradients (the whole flat buffer, host memory).
+  void add(const float* grads);
+  // Collective. Done: grads holds the sum of every rank's micro-shards,
+  // identical on every rank, and the next step's exponents are set. Redo: a
+  // gradient outgrew its exponent on some rank; the exponents are lowered and
+  // the step must be computed again. NonFinite: some micro-shard's gradient
+  // held a NaN or an infinity; grads is filled with NaN.
+  Result finish(comm::Communicator& comm, float* grads);
+
+  // Per parameter, for checkpoints.
+  const std::vector<int64_t>& exponents() const { return exponents_; }
+  void set_exponents(const std::vector<int64_t>& e);
+
+  // What one rank sends per step: the sums and the maxima.
+  int64_t bytes_per_step() const { return int64_t(total_ * sizeof(int64_t) + numels_.size() * sizeof(double)); }
+  int64_t redone_steps() const { return redone_; }
+  int shards() const { return shards_; }
+
+ private:
+  std::vector<size_t> numels_, offsets_;
+  size_t total_ = 0;
+  int shards_, limit_bits_;
+  std::vector<int64_t> exponents_;
+  std::vector<int64_t> acc_;
+  std::vector<double> max_;  // this rank's largest |g| per parameter this step
+  int64_t redone_ = 0;
+};
+
+}  // namespace ddp

@@ -1,0 +1,110 @@
+// --deterministic's fixed-point gradient sum: Note [fixed-point gradients]
+// in exact_sum.hpp.
+#include "ddp/ddp/exact_sum.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "ddp/core/error.hpp"
+
+namespace ddp {
+
+int fixed_point_limit_bits(int shards) {
+  DDP_CHECK(shards >= 1, "fixed point: need at least one micro-shard, got ", shards);
+  int bits = 0;
+  while ((int64_t(1) << bits) < shards) ++bits;
+  return 62 - bits;
+}
+
+int fixed_point_exponent(double max_abs, int limit_bits) {
+  DDP_CHECK(max_abs > 0 && std::isfinite(max_abs), "fixed point: no exponent for a largest element of ", max_abs);
+  int e = 0;
+  std::frexp(max_abs, &e);  // max_abs < 2^e
+  return std::clamp(limit_bits - kHeadroomBits - e, -kMaxExponent, kMaxExponent);
+}
+
+double quantize_add(const float* g, size_t n, int exponent, int limit_bits, int64_t* acc) {
+  const double scale = std::ldexp(1.0, exponent), limit = std::ldexp(1.0, limit_bits);
+  float max = 0;
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    const float a = std::fabs(g[i]);
+    finite &= std::isfinite(a);
+    max = std::max(max, a);
+    const double v = double(g[i]) * scale;  // exact: a power of two, far from double's range ends
+    if (std::fabs(v) < limit) acc[i] += static_cast<int64_t>(std::nearbyint(v));
+  }
+  return finite ? double(max) : std::numeric_limits<double>::infinity();
+}
+
+void dequantize(const int64_t* acc, size_t n, int exponent, float* g) {
+  const double scale = std::ldexp(1.0, -exponent);
+  for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>(double(acc[i]) * scale);
+}
+
+ExactGradientSum::ExactGradientSum(std::vector<size_t> param_numels, int shards)
+    : numels_(std::move(param_numels)), shards_(shards), limit_bits_(fixed_point_limit_bits(shards)) {
+  for (size_t n : numels_) {
+    offsets_.push_back(total_);
+    total_ += n;
+  }
+  // Before any step: gradients below 2^kHeadroomBits in magnitude (a redo
+  // otherwise).
+  exponents_.assign(numels_.size(), limit_bits_ - kHeadroomBits);
+  acc_.assign(total_, 0);
+  max_.assign(numels_.size(), 0.0);
+}
+
+void ExactGradientSum::set_exponents(const std::vector<int64_t>& e) {
+  DDP_CHECK(e.size() == numels_.size(), "--deterministic: ", e.size(), " gradient exponents for ", numels_.size(),
+            " parameters");
+  for (int64_t x : e)
+    DDP_CHECK(x >= -kMaxExponent && x <= kMaxExponent, "--deterministic: gradient exponent ", x, " is outside [",
+              -kMaxExponent, ", ", kMaxExponent, "]");
+  exponents_ = e;
+}
+
+void ExactGradientSum::begin_step() {
+  std::fill(acc_.begin(), acc_.end(), 0);
+  std::fill(max_.begin(), max_.end(), 0.0);
+}
+
+void ExactGradientSum::add(const float* grads) {
+  for (size_t p = 0; p < numels_.size(); ++p) {
+    const double m = quantize_add(grads + offsets_[p], numels_[p], int(exponents_[p]), limit_bits_,
+                                  acc_.data() + offsets_[p]);
+    max_[p] = std::max(max_[p], m);
+  }
+}
+
+ExactGradientSum::Result ExactGradientSum::finish(comm::Communicator& comm, float* grads) {
+  // The maxima first (small): from them every rank decides alike whether the
+  // sums are usable.
+  comm.allreduce_doubles(max_.data(), max_.size(), /*max=*/true, "--deterministic: largest gradient per parameter");
+  bool finite = true, fits = true;
+  for (size_t p = 0; p < numels_.size(); ++p) {
+    finite &= std::isfinite(max_[p]);
+    fits &= max_[p] < std::ldexp(1.0, limit_bits_ - int(exponents_[p]));
+  }
+  if (!finite) {
+    std::fill(grads, grads + total_, std::numeric_limits<float>::quiet_NaN());
+    return Result::NonFinite;
+  }
+  auto next_exponents = [&] {
+    for (size_t p = 0; p < numels_.size(); ++p)
+      if (max_[p] > 0) exponents_[p] = fixed_point_exponent(max_[p], limit_bits_);
+  };
+  if (!fits) {
+    next_exponents();
+    ++redone_;
+    return Result::Redo;
+  }
+  comm.allreduce_int64(acc_.data(), acc_.size(), "--deterministic: fixed-point gradient sums");
+  for (size_t p = 0; p < numels_.size(); ++p)
+    dequantize(acc_.data() + offsets_[p], numels_[p], int(exponents_[p]), grads + offsets_[p]);
+  next_exponents();
+  return Result::Done;
+}
+
+}  // namespace ddp

@@ -1,0 +1,162 @@
+// --deterministic's fixed-point arithmetic (ddp/exact_sum.hpp), without MPI;
+// tests/mpi/ddp/exact_sum_test.cpp checks the sums on real ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ddp/core/error.hpp"
+#include "ddp/core/rng.hpp"
+#include "ddp/ddp/exact_sum.hpp"
+
+namespace ddp {
+namespace {
+
+TEST(FixedPoint, LimitLeavesRoomForEveryShard) {
+  EXPECT_EQ(fixed_point_limit_bits(1), 62);
+  EXPECT_EQ(fixed_point_limit_bits(2), 61);
+  EXPECT_EQ(fixed_point_limit_bits(16), 58);
+  EXPECT_EQ(fixed_point_limit_bits(17), 57);
+  // K elements each below 2^limit sum below 2^62: no int64 overflow.
+  for (int k : {1, 3, 16, 1000, 1 << 20})
+    EXPECT_LE(std::ldexp(double(k), fixed_point_limit_bits(k)), std::ldexp(1.0, 62)) << k;
+}
+
+TEST(FixedPoint, ExponentPutsTheLargestElementBelowTheHeadroom) {
+  const int limit = fixed_point_limit_bits(16);
+  for (double m : {1e-30, 3e-7, 0.75, 1.0, 5.0, 1e20}) {
+    const int e = fixed_point_exponent(m, limit);
+    EXPECT_LT(m * std::ldexp(1.0, e), std::ldexp(1.0, limit - kHeadroomBits)) << m;
+    EXPECT_GE(m * std::ldexp(1.0, e), std::ldexp(1.0, limit - kHeadroomBits - 1)) << m;
+  }
+  EXPECT_EQ(fixed_point_exponent(1e-300, limit), kMaxExponent);
+}
+
+TEST(FixedPoint, QuantizeRoundsToNearestEvenAndSkipsWhatDoesNotFit) {
+  const float g[5] = {1.5f, 2.5f, -1.5f, 0.25f, 300.0f};
+  std::vector<int64_t> acc(5, 10);
+  // 2^0: 1.5 -> 2, 2.5 -> 2, -1.5 -> -2, 0.25 -> 0; 300 is beyond 2^8.
+  const double max = quantize_add(g, 5, 0, 8, acc.data());
+  EXPECT_EQ(max, 300.0);
+  EXPECT_EQ(acc, (std::vector<int64_t>{12, 12, 8, 10, 10}));
+  const float bad[2] = {1.0f, std::numeric_limits<float>::quiet_NaN()};
+  EXPECT_EQ(quantize_add(bad, 2, 0, 8, acc.data()), std::numeric_limits<double>::infinity());
+}
+
+TEST(FixedPoint, DequantizeInvertsQuantizeForFloatsThatFit) {
+  Rng rng(5, 0);
+  std::vector<float> g(1000);
+  for (auto& v : g) v = float(rng.normal() * 1e-3);
+  std::vector<int64_t> acc(g.size(), 0);
+  const int e = fixed_point_exponent(quantize_add(g.data(), g.size(), 0, 62, std::vector<int64_t>(g.size()).data()),
+                                     fixed_point_limit_bits(16));
+  quantize_add(g.data(), g.size(), e, fixed_point_limit_bits(16), acc.data());
+  std::vector<float> back(g.size());
+  dequantize(acc.data(), acc.size(), e, back.data());
+  EXPECT_EQ(back, g);  // 50 bits at the top element: every float of these fits exactly
+}
+
+// A world of one: the collectives are the identity.
+class Solo final : public comm::Communicator {
+ public:
+  const char* backend() const override { return "solo"; }
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::shared_ptr<comm::Work> allreduce_async(float*, size_t, comm::ReduceOp, std::string) override {
+    return nullptr;
+  }
+  void broadcast(void*, size_t, int, const std::string&) override {}
+  void barrier(const std::string&) override {}
+  std::vector<char> allgather(const void* mine, size_t bytes, const std::string&) override {
+    const char* p = static_cast<const char*>(mine);
+    return std::vector<char>(p, p + bytes);
+  }
+  void allreduce_doubles(double*, size_t, bool, const std::string&) override {}
+  void allreduce_int64(int64_t*, size_t, const std::string&) override {}
+};
+
+std::vector<float> shard_grads(int shard, size_t n, double scale) {
+  Rng rng(11, uint64_t(shard));
+  std::vector<float> g(n);
+  for (auto& v : g) v = float(rng.normal() * scale);
+  return g;
+}
+
+TEST(ExactGradientSum, TheSumDoesNotDependOnTheOrderOfTheShards) {
+  const std::vector<size_t> numels = {300, 7, 1000};
+  const size_t n = 1307;
+  const int k = 16;
+  Solo solo;
+  auto run = [&](const std::vector<int>& order) {
+    ExactGradientSum sum(numels, k);
+    std::vector<float> out(n);
+    for (int step = 0; step < 3; ++step) {
+      sum.begin_step();
+      for (int s : order) sum.add(shard_grads(s, n, 1e-2).data());
+      EXPECT_EQ(sum.finish(solo, out.data()), ExactGradientSum::Result::Done) << "step " << step;
+    }
+    return out;
+  };
+  std::vector<int> forward, backward;
+  for (int s = 0; s < k; ++s) forward.push_back(s);
+  backward.assign(forward.rbegin(), forward.rend());
+  EXPECT_EQ(run(forward), run(backward));
+  // Float sums of the same shards in these two orders do differ: the data
+  // would show an order dependence if there were one.
+  std::vector<float> f(n, 0), b(n, 0);
+  for (int s : forward) {
+    const auto g = shard_grads(s, n, 1e-2);
+    for (size_t i = 0; i < n; ++i) f[i] += g[i];
+  }
+  for (int s : backward) {
+    const auto g = shard_grads(s, n, 1e-2);
+    for (size_t i = 0; i < n; ++i) b[i] += g[i];
+  }
+  EXPECT_NE(f, b);
+}
+
+TEST(ExactGradientSum, AGradientThatOutgrowsItsExponentRedoesTheStepThenFits) {
+  const std::vector<size_t> numels = {100};
+  ExactGradientSum sum(numels, 4);
+  Solo solo;
+  std::vector<float> out(100);
+  // The first step's exponents take |g| < 2^kHeadroomBits: ~3000 does not fit.
+  auto step = [&] {
+    sum.begin_step();
+    for (int s = 0; s < 4; ++s) sum.add(shard_grads(s, 100, 1000.0).data());
+    return sum.finish(solo, out.data());
+  };
+  EXPECT_EQ(step(), ExactGradientSum::Result::Redo);
+  EXPECT_EQ(sum.redone_steps(), 1);
+  EXPECT_EQ(step(), ExactGradientSum::Result::Done);
+  std::vector<double> want(100, 0);
+  for (int s = 0; s < 4; ++s) {
+    const auto g = shard_grads(s, 100, 1000.0);
+    for (size_t i = 0; i < 100; ++i) want[i] += g[i];
+  }
+  for (size_t i = 0; i < 100; ++i) EXPECT_NEAR(out[i], want[i], 1e-5 * std::fabs(want[i]) + 1e-12) << i;
+}
+
+TEST(ExactGradientSum, ANonFiniteGradientFillsTheResultWithNaN) {
+  ExactGradientSum sum({10}, 2);
+  Solo solo;
+  std::vector<float> g(10, 0.5f), out(10, 0);
+  sum.begin_step();
+  sum.add(g.data());
+  g[3] = std::numeric_limits<float>::infinity();
+  sum.add(g.data());
+  EXPECT_EQ(sum.finish(solo, out.data()), ExactGradientSum::Result::NonFinite);
+  for (float v : out) EXPECT_TRUE(std::isnan(v));
+}
+
+TEST(ExactGradientSum, ExponentsComeBackFromACheckpointAndAreChecked) {
+  ExactGradientSum sum({10, 20}, 2);
+  sum.set_exponents({3, -7});
+  EXPECT_EQ(sum.exponents(), (std::vector<int64_t>{3, -7}));
+  EXPECT_THROW(sum.set_exponents({1}), Error);
+  EXPECT_THROW(sum.set_exponents({1, kMaxExponent + 1}), Error);
+}
+
+}  // namespace
+}  // namespace ddp
