@@ -6,7 +6,8 @@
 #
 # Usage: bench/deterministic_cost.sh [--model lenet|resnet18] [reps (5)] [world sizes ("1 2 4")]
 #   lenet:    the d2l recipe on the subset, batch 256, lr 0.2, 10 epochs a run
-#   resnet18: the subset's first 256 images, batch 128, lr 0.05, 1 epoch a run
+#   resnet18: the subset's first 256 images, batch 128, lr 0.05, 1 epoch a run,
+#             --sync-bn in both modes (--deterministic needs it with BatchNorm)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 model=lenet
@@ -16,7 +17,7 @@ if [[ "${1:-}" == "--model" ]]; then
 fi
 case $model in
   lenet) recipe="--batch-size 256 --lr 0.2 --epochs 10" ;;
-  resnet18) recipe="--batch-size 128 --lr 0.05 --train-limit 256 --epochs 1" ;;
+  resnet18) recipe="--batch-size 128 --lr 0.05 --train-limit 256 --epochs 1 --sync-bn" ;;
   *) echo "deterministic_cost.sh: --model lenet or resnet18, not '$model'" >&2; exit 2 ;;
 esac
 reps=${1:-5}

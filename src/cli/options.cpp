@@ -51,8 +51,6 @@ void validate(const train::Config& c, int world_size) {
           "time (", c.batch_size / k, " samples, --deterministic-shards ", k, "); drop --accumulate");
     usage(c.grad_compression == "none", "--grad-compression ", c.grad_compression,
           ": --deterministic sums gradients exactly, as integers; drop one of the two");
-    usage(!c.sync_bn, "--sync-bn with --deterministic is not available yet: BatchNorm's statistics would be "
-          "summed in float; drop one of the two");
   }
   usage(c.batch_size % world_size == 0, "--batch-size ", c.batch_size,
         " is the global batch and must be divisible by the world size ", world_size, " (",

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "ddp/core/error.hpp"
+#include "ddp/nn/device.hpp"  // sum_in_shard_order
 
 namespace ddp {
 
@@ -43,6 +45,16 @@ void dequantize(const int64_t* acc, size_t n, int exponent, float* g) {
   for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>(double(acc[i]) * scale);
 }
 
+void sum_shards_in_order(comm::Communicator& comm, const double* per_shard, int shards, size_t n, double* out,
+                         const std::string& what) {
+  DDP_CHECK(shards > 0 && n > 0, what, ": ", shards, " micro-shards of ", n, " values");
+  const std::vector<char> all = comm.allgather(per_shard, size_t(shards) * n * sizeof(double), what);
+  const size_t total = all.size() / (n * sizeof(double));
+  std::vector<double> v(total * n);
+  std::memcpy(v.data(), all.data(), v.size() * sizeof(double));
+  nn::sum_in_shard_order(v.data(), total, n, out);
+}
+
 ExactGradientSum::ExactGradientSum(std::vector<size_t> param_numels, int shards)
     : numels_(std::move(param_numels)), shards_(shards), limit_bits_(fixed_point_limit_bits(shards)) {
   for (size_t n : numels_) {
@@ -70,8 +82,12 @@ void ExactGradientSum::begin_step() {
   std::fill(max_.begin(), max_.end(), 0.0);
 }
 
-void ExactGradientSum::add(const float* grads) {
-  for (size_t p = 0; p < numels_.size(); ++p) {
+void ExactGradientSum::add(const float* grads) { add(grads, 0, numels_.size()); }
+
+void ExactGradientSum::add(const float* grads, size_t first, size_t count) {
+  DDP_CHECK(first + count <= numels_.size(), "--deterministic: parameters ", first, " .. ", first + count,
+            " of ", numels_.size());
+  for (size_t p = first; p < first + count; ++p) {
     const double m = quantize_add(grads + offsets_[p], numels_[p], int(exponents_[p]), limit_bits_,
                                   acc_.data() + offsets_[p]);
     max_[p] = std::max(max_[p], m);

@@ -157,6 +157,8 @@ void CudaBatchNorm::forward(const OpArgs& a) {
     bn_eval_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, op_.eps, a.p[0], a.p[1], a.buf[0], a.buf[1], chan_);
     DDP_CUDA_CHECK_LAUNCH(bn_eval_kernel);
   } else {
+    // Note [micro-shards] (device.hpp): --deterministic has no GPU path yet.
+    DDP_CHECK(a.shard == 0, "BatchNorm2d ", op_.name, ": micro-shards (--deterministic) are CPU only");
     const double count = double(a.batch) * hw_ * (stats_ ? stats_->ranks() : 1);
     DDP_CHECK(count > 1, "BatchNorm2d ", op_.name, ": training needs more than one value per channel, got ", count);
     bn_sums_kernel<<<c_, kThreads, 0, s>>>(a.batch, c_, hw_, a.x[0], nullptr, sums_);

@@ -108,11 +108,13 @@ class ConvReluPool final : public Kernel {
 
 // torch.nn.BatchNorm2d (cpu_ops.hpp's steps); with a StatsReducer the batch
 // statistics and the backward's sums are summed over ranks (SyncBatchNorm).
+// With OpArgs::shard, every sum is taken shard by shard and the shards' sums
+// added in shard order (Note [micro-shards] in device.hpp).
 class BatchNorm final : public Kernel {
  public:
   BatchNorm(const Op& op, ThreadPool* pool, StatsReducer* stats)
       : op_(op), pool_(pool), stats_(stats), c_(op.in.c), hw_(op.in.h * op.in.w), mean_(c_), invstd_(c_),
-        scale_(c_), shift_(c_), s1_(c_), s2_(c_) {}
+        scale_(c_), shift_(c_), s1_(c_), s2_(c_), sums_(2 * size_t(c_)) {}
 
   void forward(const OpArgs& a) override {
     const float *w = a.p[0], *b = a.p[1];
@@ -125,11 +127,13 @@ class BatchNorm final : public Kernel {
     }
     const double count = double(a.batch) * hw_ * (stats_ ? stats_->ranks() : 1);
     DDP_CHECK(count > 1, "BatchNorm2d ", op_.name, ": training needs more than one value per channel, got ", count);
-    cpu::bn_sum(a.batch, c_, hw_, a.x[0], s1_.data(), pool_);
-    if (stats_) stats_->sum(s1_.data(), s1_.size(), op_.name + ": batch mean");
+    const Shards sh = shards(a, c_);
+    for (int k = 0; k < sh.n; ++k) cpu::bn_sum(sh.size, c_, hw_, a.x[0] + k * sh.stride, sh.sums(k), pool_);
+    reduce(a, sh, s1_.data(), "batch mean");
     for (int c = 0; c < c_; ++c) mean_[c] = kernel::bn_mean(s1_[c], count);
-    cpu::bn_sum_sq_dev(a.batch, c_, hw_, a.x[0], mean_.data(), s2_.data(), pool_);
-    if (stats_) stats_->sum(s2_.data(), s2_.size(), op_.name + ": batch variance");
+    for (int k = 0; k < sh.n; ++k)
+      cpu::bn_sum_sq_dev(sh.size, c_, hw_, a.x[0] + k * sh.stride, mean_.data(), sh.sums(k), pool_);
+    reduce(a, sh, s2_.data(), "batch variance");
     for (int c = 0; c < c_; ++c)
       kernel::bn_train_channel(s2_[c], count, op_.eps, op_.momentum, mean_[c], w[c], b[c], &invstd_[c], &scale_[c],
                                &shift_[c], &running_mean[c], &running_var[c]);
@@ -138,31 +142,69 @@ class BatchNorm final : public Kernel {
   }
 
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
-    cpu::bn_grad_sums(a.batch, c_, hw_, a.x[0], mean_.data(), dy, s1_.data(), s2_.data(), pool_);
-    // This rank's sums make its weight and bias gradients (averaged over
-    // ranks by the reducer, as DDP does); the input gradient needs them
-    // over every rank the statistics came from.
-    for (int c = 0; c < c_; ++c) {
-      a.dp[0][c] += float(s2_[c] * double(invstd_[c]));
-      a.dp[1][c] += float(s1_[c]);
+    // Per shard, sum(dy) and then sum(dy (x - mean)): 2c values.
+    const Shards sh = shards(a, 2 * c_);
+    for (int k = 0; k < sh.n; ++k) {
+      double* g = sh.sums(k);
+      cpu::bn_grad_sums(sh.size, c_, hw_, a.x[0] + k * sh.stride, mean_.data(), dy + k * sh.stride, g, g + c_,
+                        pool_);
+      // This rank's sums make its weight and bias gradients (averaged over
+      // ranks by the reducer, as DDP does); the input gradient needs them
+      // over every rank the statistics came from.
+      for (int c = 0; c < c_; ++c) {
+        a.dp[0][c] += float(g[c_ + c] * double(invstd_[c]));
+        a.dp[1][c] += float(g[c]);
+      }
+      if (a.shard) a.shard_grads();
     }
     if (!dx[0]) return;
-    if (stats_) {
-      stats_->sum(s1_.data(), s1_.size(), op_.name + ": gradient sum");
-      stats_->sum(s2_.data(), s2_.size(), op_.name + ": gradient projection");
-    }
+    reduce(a, sh, sums_.data(), "gradient sums");
     const double count = double(a.batch) * hw_ * (stats_ ? stats_->ranks() : 1);
-    cpu::bn_backward_apply(a.batch, c_, hw_, a.x[0], mean_.data(), invstd_.data(), a.p[0], dy, s1_.data(),
-                           s2_.data(), count, dx[0], pool_);
+    cpu::bn_backward_apply(a.batch, c_, hw_, a.x[0], mean_.data(), invstd_.data(), a.p[0], dy, sums_.data(),
+                           sums_.data() + c_, count, dx[0], pool_);
   }
 
  private:
+  // A call's batch as n runs of `size` images, `stride` floats apart (one
+  // run, the whole batch, without OpArgs::shard), and each run's sums:
+  // `width` doubles per run, run-major.
+  struct Shards {
+    int n = 1, size = 0;
+    int64_t stride = 0;
+    size_t width = 0;
+    double* base = nullptr;
+    double* sums(int k) const { return base + size_t(k) * width; }
+  };
+  Shards shards(const OpArgs& a, size_t width) {
+    Shards s;
+    s.size = a.shard ? a.shard : a.batch;
+    DDP_CHECK(a.batch % s.size == 0, "BatchNorm2d ", op_.name, ": a batch of ", a.batch,
+              " does not split into micro-shards of ", s.size);
+    s.n = a.batch / s.size;
+    s.stride = int64_t(s.size) * c_ * hw_;
+    s.width = width;
+    if (per_shard_.size() < size_t(s.n) * width) per_shard_.resize(size_t(s.n) * width);
+    s.base = per_shard_.data();
+    return s;
+  }
+  // out[0 .. width) = the runs' sums added up, over every rank with a
+  // StatsReducer: shard by shard in global order with OpArgs::shard.
+  void reduce(const OpArgs& a, const Shards& sh, double* out, const char* what) {
+    const std::string label = op_.name + ": " + what;
+    if (stats_ && a.shard) return stats_->sum_shards(sh.base, sh.n, sh.width, out, label);
+    if (sh.n == 1)
+      std::copy(sh.base, sh.base + sh.width, out);
+    else
+      sum_in_shard_order(sh.base, size_t(sh.n), sh.width, out);
+    if (stats_) stats_->sum(out, sh.width, label);
+  }
   const Op& op_;
   ThreadPool* pool_;
   StatsReducer* stats_;
   int c_, hw_;
   std::vector<float> mean_, invstd_, scale_, shift_;  // of the last training forward (and its scale)
-  std::vector<double> s1_, s2_;
+  std::vector<double> s1_, s2_, sums_;              // the batch's (over ranks): forward's, backward's
+  std::vector<double> per_shard_;                   // each run's
 };
 
 class Relu final : public Kernel {

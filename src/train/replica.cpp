@@ -20,6 +20,9 @@ class Replica::Stats final : public nn::StatsReducer {
   void sum(double* data, size_t n, const std::string& what) override {
     backend_.comm().allreduce_doubles(data, n, /*max=*/false, "sync batch norm: " + what);
   }
+  void sum_shards(const double* per_shard, int shards, size_t n, double* out, const std::string& what) override {
+    sum_shards_in_order(backend_.comm(), per_shard, shards, n, out, "sync batch norm: " + what);
+  }
   int ranks() const override { return backend_.comm().size(); }
   void sync_device(const std::string& what) override { backend_.sync("sync batch norm: " + what); }
 
@@ -48,6 +51,7 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
     shard_ = cfg.batch_size / cfg.deterministic_shards;
     global_batch_ = cfg.batch_size;
     backend_->set_exact_loss();
+    for (const nn::Op& op : g.ops) whole_batch_ = whole_batch_ || op.kind == nn::OpKind::BatchNorm2d;
   }
   optimizer_ = std::make_unique<optim::Optimizer>(opt, g.params, dev, backend_->optim_kernels());
   classes_ = static_cast<int>(g.output_shape().numel());
@@ -174,35 +178,62 @@ void Replica::exact_passes(const float* x, const int32_t* y, int batch, size_t s
   loss_ += earlier[0];
   correct_ += earlier[1];
   eval_correct_ += earlier[2];
+  // Nor may a redone step move BatchNorm's running statistics twice.
+  nn::ModelState before;
+  if (whole_batch_) model_->get_buffers(before);
+  // Micro-shard k's loss, and d(loss)/d(logits) over the global batch: the
+  // micro-shards' sum over every rank is then the step's mean gradient.
+  const auto shard_loss = [&](const float* logits, int k, float* dlogits) {
+    if (const auto loss = backend_->loss(logits, y + size_t(k) * shard_, shard_, classes_, dlogits, global_batch_)) {
+      health.loss += *loss / shards;
+      health.loss_finite = health.loss_finite && std::isfinite(*loss);
+    }
+  };
+  const auto take = [this](size_t first, size_t count) { exact_->add(model_->grads(), first, count); };
   for (;;) {
     exact_->begin_step();
     health = StepHealth{};
-    for (int k = 0; k < shards; ++k) {
+    if (whole_batch_) {
+      // Note [micro-shards] (nn/device.hpp): the whole batch op by op, so
+      // that BatchNorm's statistics cover every rank's micro-shards.
       model_->zero_grads();
       {
         TraceScope span(trace_, Trace::kStep, "forward", "forward");
-        const float* logits = model_->forward(x + size_t(k) * shard_ * sample, shard_, nn::Mode::Train);
-        // d(loss)/d(logits) over the global batch: the micro-shards' sum
-        // over every rank is then the step's mean gradient.
-        if (const auto loss = backend_->loss(logits, y + size_t(k) * shard_, shard_, classes_, dlogits_->data(),
-                                             global_batch_)) {
-          health.loss += *loss / shards;
-          health.loss_finite = health.loss_finite && std::isfinite(*loss);
+        const float* logits = model_->forward(x, batch, nn::Mode::Train, shard_);
+        for (int k = 0; k < shards; ++k) {
+          const size_t at = size_t(k) * shard_ * classes_;
+          shard_loss(logits + at, k, dlogits_->data() + at);
         }
       }
       lap(times_.forward);
       {
         TraceScope span(trace_, Trace::kStep, "backward", "backward");
-        model_->backward(dlogits_->data(), shard_);
-        exact_->add(model_->grads());
+        model_->backward_shards(dlogits_->data(), batch, take);
       }
       lap(times_.backward);
+    } else {
+      // Micro-shard by micro-shard, each one's forward and backward alone.
+      for (int k = 0; k < shards; ++k) {
+        model_->zero_grads();
+        {
+          TraceScope span(trace_, Trace::kStep, "forward", "forward");
+          shard_loss(model_->forward(x + size_t(k) * shard_ * sample, shard_, nn::Mode::Train), k, dlogits_->data());
+        }
+        lap(times_.forward);
+        {
+          TraceScope span(trace_, Trace::kStep, "backward", "backward");
+          model_->backward(dlogits_->data(), shard_);
+          exact_->add(model_->grads());
+        }
+        lap(times_.backward);
+      }
     }
     TraceScope span(trace_, Trace::kStep, "comm", "fixed-point all-reduce");
     const ExactGradientSum::Result r = exact_->finish(backend_->comm(), model_->grads());
     lap(times_.comm);
     if (r != ExactGradientSum::Result::Redo) return;
     backend_->take_sums();  // the attempt that outgrew its exponents
+    if (whole_batch_) model_->set_buffers(before);
   }
 }
 

@@ -15,9 +15,11 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(std::unique_ptr<comm::Communicator> comm, int threads)
-      : comm_(std::move(comm)), device_(nn::make_cpu_device(threads > 0 ? threads : nn::default_threads())) {}
+      : comm_(std::move(comm)), threads_(threads > 0 ? threads : nn::default_threads()),
+        device_(nn::make_cpu_device(threads_)) {}
 
   std::string device_name() const override { return "cpu"; }
+  int threads() const override { return threads_; }
   nn::Device& device() override { return *device_; }
   comm::Communicator& comm() override { return *comm_; }
   void sync(const std::string&) override {}
@@ -45,6 +47,7 @@ class CpuBackend final : public Backend {
 
  private:
   std::unique_ptr<comm::Communicator> comm_;
+  int threads_;
   std::unique_ptr<nn::Device> device_;
   std::unique_ptr<optim::Kernels> kernels_ = optim::make_cpu_kernels();
   std::vector<double> sums_ = std::vector<double>(3, 0.0);  // loss, correct, evaluation correct

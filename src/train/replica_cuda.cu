@@ -85,7 +85,7 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(const World& world, const Config& cfg, int gpu, std::unique_ptr<comm::Communicator> host_comm,
               comm::Watchdog* watchdog)
-      : info_(cuda::set_device(gpu)) {
+      : info_(cuda::set_device(gpu)), threads_(world.threads) {
     const std::string backend = check_gpus_distinct(*host_comm, world, info_, cfg.backend);
     ctx_ = std::make_unique<cuda::Context>(gpu);
     if (backend == "nccl") {
@@ -149,6 +149,7 @@ class CudaBackend final : public Backend {
   }
 
   std::string device_name() const override { return "cuda:" + std::to_string(info_.index); }
+  int threads() const override { return threads_; }
   std::string describe() const override { return device_name() + " " + monitor_->describe(); }
   DeviceUsage usage() override { return {monitor_->mem_peak_mib(), monitor_->util_pct()}; }
   nn::Device& device() override { return *device_; }
@@ -233,6 +234,7 @@ class CudaBackend final : public Backend {
   }
 
   cuda::DeviceInfo info_;
+  int threads_;
   std::unique_ptr<cuda::Context> ctx_;
   std::unique_ptr<cuda::GpuMonitor> monitor_;
   std::unique_ptr<comm::DeviceCommunicator> comm_;

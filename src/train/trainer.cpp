@@ -79,7 +79,7 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
   std::snprintf(mine.device, sizeof(mine.device), "%s", replica.device().c_str());
   mine.local_rank = world.local_rank;
   mine.local_size = world.local_size;
-  mine.threads = cfg.deterministic_shards > 0 ? 1 : world.threads;  // make_cpu_backend's
+  mine.threads = replica.threads();
   mine.shard = shard;
   mine.steps = steps;
   const std::vector<char> all = comm.allgather(&mine, sizeof(mine), "start-up rank table");
@@ -107,7 +107,9 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
         << cfg.batch_size / cfg.deterministic_shards
         << " samples per step, gradients summed as integers, one thread per rank; bitwise the same at world "
            "sizes "
-        << reproducing_world_sizes(cfg.deterministic_shards);
+        << reproducing_world_sizes(cfg.deterministic_shards)
+        << (cfg.sync_bn ? "; BatchNorm's statistics over the global batch, each micro-shard's summed in shard order"
+                        : "");
   if (cfg.accumulate > 1)
     out << "; " << cfg.accumulate << " micro-batches of " << cfg.batch_size / world.size / cfg.accumulate
         << " per rank per step (--accumulate), all-reduce after the last";
@@ -317,6 +319,12 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
 
   const Placement place = place_rank(*host_comm, world, cfg);
   if (leader && !place.note.empty()) std::cerr << "ddp_train: note: " << place.note << "\n";
+  if (cfg.deterministic_shards > 0 && !cfg.sync_bn)
+    for (const nn::Op& op : graph.ops)
+      if (op.kind == nn::OpKind::BatchNorm2d)
+        throw UsageError(detail::concat("--deterministic: model ", cfg.model, " has BatchNorm (", op.name,
+                                        "), whose statistics over each rank's own batch depend on the world "
+                                        "size; add --sync-bn to take them over the global batch"));
   if (cfg.deterministic_shards > 0 && place.device == "cuda")
     throw UsageError("--deterministic runs on CPUs in this version of ddp_train (its GPU path, integer NCCL "
                      "all-reduces, is not written yet): add --device cpu");

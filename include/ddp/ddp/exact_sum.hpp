@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"  // Communicator
@@ -52,6 +53,15 @@ double quantize_add(const float* g, size_t n, int exponent, int limit_bits, int6
 // g[i] = acc[i] * 2^-exponent, rounded to float.
 void dequantize(const int64_t* acc, size_t n, int exponent, float* g);
 
+// Note [micro-shards] (nn/device.hpp): out[i] = value i of every rank's
+// `shards` runs of n values (per_shard, shard-major), added in double in
+// global shard order: rank 0's shards first, as the contiguous sampler lays
+// the micro-shards out. The same doubles in the same order at any world size,
+// hence the same bits (an all-reduce would add them in its own order).
+// Collective: every rank passes the same shards and n.
+void sum_shards_in_order(comm::Communicator& comm, const double* per_shard, int shards, size_t n, double* out,
+                         const std::string& what);
+
 class ExactGradientSum {
  public:
   enum class Result { Done, Redo, NonFinite };
@@ -64,6 +74,9 @@ class ExactGradientSum {
   void begin_step();
   // One micro-shard's gradients (the whole flat buffer, host memory).
   void add(const float* grads);
+  // One micro-shard's gradients of params [first, first + count) only
+  // (grads: the whole flat buffer).
+  void add(const float* grads, size_t first, size_t count);
   // Collective. Done: grads holds the sum of every rank's micro-shards,
   // identical on every rank, and the next step's exponents are set. Redo: a
   // gradient outgrew its exponent on some rank; the exponents are lowered and

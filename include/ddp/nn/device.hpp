@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,7 +26,16 @@ namespace ddp::nn {
 
 enum class Mode { Train, Eval };
 
-// One call of an op's kernels: device pointers (the counter excepted).
+// Note [micro-shards]: under --deterministic a rank's batch is a run of
+// micro-shards of a fixed size, the same at every world size (ddp/exact_sum.hpp).
+// A model with BatchNorm runs its whole batch op by op (Model::forward with a
+// shard size): every other op is called once per micro-shard, so its kernels
+// see the batch they would see at any world size, and BatchNorm takes the
+// whole batch with OpArgs::shard set. Its statistics are then summed shard by
+// shard, and the shards' sums added in global shard order over every rank
+// (StatsReducer::sum_shards): the same doubles, added in the same order, at
+// any world size. Its weight and bias gradients are handed over one shard at
+// a time (OpArgs::shard_grads), as every other op's are.
 struct OpArgs {
   int batch = 0;
   Mode mode = Mode::Train;
@@ -34,6 +44,11 @@ struct OpArgs {
   std::vector<float*> p, dp;    // parameters (spec order) and their gradients
   std::vector<float*> buf;      // float buffers (spec order)
   int64_t* counter = nullptr;   // host: num_batches_tracked, or nullptr
+  // Note [micro-shards]: 0, or the micro-shard size the batch is made of; then
+  // backward hands each shard's parameter gradients over by calling
+  // shard_grads() once they alone are in dp (it takes them and zeroes dp).
+  int shard = 0;
+  std::function<void()> shard_grads;
 };
 
 // Sums over ranks that an op needs in the middle of forward or backward
@@ -43,12 +58,24 @@ class StatsReducer {
  public:
   virtual ~StatsReducer() = default;
   virtual void sum(double* data, size_t n, const std::string& what) = 0;
+  // Note [micro-shards]: per_shard holds this rank's `shards` runs of n values
+  // (shard-major); out[i] is value i summed over every rank's shards in global
+  // shard order (rank 0's first), in double: the same bits at any world size.
+  virtual void sum_shards(const double* per_shard, int shards, size_t n, double* out, const std::string& what) = 0;
   virtual int ranks() const = 0;
   // Waits until the device has done what was issued (a GPU op copying its
   // sums to the host), bounded as the run's collectives are: the device may
   // be waiting on a collective a dead peer never joins.
   virtual void sync_device(const std::string& what) = 0;
 };
+
+// out[i] = the sum of per_shard[k * n + i] over k = 0 .. shards - 1, in that
+// order, in double (Note [micro-shards]).
+inline void sum_in_shard_order(const double* per_shard, size_t shards, size_t n, double* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = 0.0;
+  for (size_t k = 0; k < shards; ++k)
+    for (size_t i = 0; i < n; ++i) out[i] += per_shard[k * n + i];
+}
 
 class Kernel {
  public:

@@ -66,8 +66,10 @@ class Model {
   // Logits of a batch (device memory: batch * output_shape().numel() floats,
   // owned by the model, valid until the next forward). x is read again by
   // backward: the caller keeps it until then. Eval mode uses BatchNorm's
-  // running statistics and updates nothing.
-  const float* forward(const float* x, int batch, Mode mode = Mode::Train);
+  // running statistics and updates nothing. shard > 0 (training only): the
+  // batch is micro-shards of that many samples, run as Note [micro-shards]
+  // (device.hpp) says, for backward_shards.
+  const float* forward(const float* x, int batch, Mode mode = Mode::Train, int shard = 0);
 
   // Backward from d(loss)/d(logits) of the last (training) forward. After
   // each op's backward, on_ready(n) says the first n elements of grads() are
@@ -76,12 +78,25 @@ class Model {
   // after the call.
   void backward(const float* dlogits, int batch, const std::function<void(size_t)>& on_ready = {});
 
+  // Backward of a forward with micro-shards: op by op, last first; each op's
+  // parameter gradients are handed over shard by shard, take(first, count)
+  // being called with params [first, first + count) of param_info() holding
+  // one shard's gradients alone in grads(), which are zero after it returns.
+  // grads() must be zero before.
+  void backward_shards(const float* dlogits, int batch, const std::function<void(size_t, size_t)>& take);
+
   // Each op's forward and backward as spans of the trace while it records
   // (nullptr: none). On a device that queues work they cover the launch.
   void set_trace(Trace* trace) { trace_ = trace; }
 
  private:
   float* value(int v);  // an op's output (v >= 1)
+  void run_backward(const float* dlogits, int batch, const std::function<void(size_t)>& on_ready,
+                    const std::function<void(size_t, size_t)>& take);
+  // Op i's arguments for micro-shard k of `shard` samples of a's batch.
+  OpArgs shard_args(size_t i, const OpArgs& a, int k, int shard) const;
+  // Hands op i's parameter gradients to take and zeroes them.
+  void take_grads(size_t i, const std::function<void(size_t, size_t)>& take);
   void reserve(int batch);
   Graph graph_;
   Device& device_;
@@ -100,6 +115,7 @@ class Model {
   const float* input_ = nullptr;  // x of the last forward
   int capacity_ = 0;              // batch the arrays hold
   int last_batch_ = -1;           // batch of the last training forward; -1: none
+  int last_shard_ = 0;            // its micro-shard size (0: none)
   Trace* trace_ = nullptr;
 };
 

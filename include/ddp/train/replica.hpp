@@ -78,6 +78,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string device_name() const = 0;  // "cpu", "cuda:<index>"
+  // The CPU threads this rank computes on (a GPU rank: World's share of the
+  // cores, which its host side has).
+  virtual int threads() const = 0;
   virtual nn::Device& device() = 0;
   // The communicator everything goes through: gradients on the device's
   // memory, the blocking collectives on host memory.
@@ -146,6 +149,7 @@ class Replica {
   ~Replica();
 
   std::string device() const { return backend_->device_name(); }
+  int threads() const { return backend_->threads(); }
   std::string device_description() const { return backend_->describe(); }
   DeviceUsage device_usage() { return backend_->usage(); }
   comm::Communicator& comm() { return backend_->comm(); }
@@ -190,7 +194,9 @@ class Replica {
   void reduced_passes(const float* x, const int32_t* y, int batch, size_t sample, StepHealth& health,
                       const std::function<void(double&)>& lap);
   // --deterministic's forward and backward: micro-shard by micro-shard, each
-  // one's gradients into the fixed-point sum; then its all-reduce.
+  // one's gradients into the fixed-point sum (a model with BatchNorm: the
+  // whole batch op by op, Note [micro-shards] in nn/device.hpp); then its
+  // all-reduce.
   void exact_passes(const float* x, const int32_t* y, int batch, size_t sample, StepHealth& health,
                     const std::function<void(double&)>& lap);
   class Stats;  // SyncBatchNorm's reducer over the backend's communicator
@@ -200,6 +206,7 @@ class Replica {
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<ExactGradientSum> exact_;  // --deterministic
   int shard_ = 0, global_batch_ = 0;         // --deterministic's micro-shard, in samples
+  bool whole_batch_ = false;                 // --deterministic with BatchNorm: Note [micro-shards]
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<nn::Array> dlogits_;
   int classes_ = 0, accumulate_ = 1;

@@ -67,6 +67,32 @@ TEST(ExactSum, EveryRankGetsTheSameBitsAsOneRankSummingEveryShard) {
   EXPECT_EQ(redos, 1);  // step 2's growth
 }
 
+// SyncBatchNorm's statistics under --deterministic (Note [micro-shards]):
+// values whose sum depends on the order (1e16 + 1 is 1e16 in double) come out
+// as one rank adding all 8 shards in order, whoever holds which.
+TEST(ExactSum, ShardSumsAreAddedInGlobalShardOrderAtAnyWorldSize) {
+  const int world = test_world().size;
+  const int k = 8;
+  if (k % world != 0) GTEST_SKIP() << "world size " << world << " does not divide " << k;
+  const auto shard_values = [](int s) {
+    const double big[] = {1e16, 1.0, -1e16, 1.0, 3.0, -2e16, 2e16, 1.0};
+    return std::vector<double>{big[s], 0.5 * s, big[(s + 3) % 8]};
+  };
+  auto comm = comm::make_mpi_communicator(test_world());
+  const int per = k / world, first = comm->rank() * per;
+  std::vector<double> mine;
+  for (int s = first; s < first + per; ++s)
+    for (double v : shard_values(s)) mine.push_back(v);
+  std::vector<double> got(3, -1.0), want(3, 0.0);
+  sum_shards_in_order(*comm, mine.data(), per, 3, got.data(), "test shard sums");
+  for (int s = 0; s < k; ++s)
+    for (size_t i = 0; i < 3; ++i) want[i] += shard_values(s)[i];
+  EXPECT_EQ(got, want);
+  // In shard order the first column sums to 5; added as an all-reduce
+  // would, the halves first (2 ranks) give 6 and the pairs first (4) give 4.
+  EXPECT_EQ(got[0], 5.0);
+}
+
 TEST(ExactSum, ANonFiniteGradientOnOneRankIsSeenByAll) {
   auto comm = comm::make_mpi_communicator(test_world());
   ExactGradientSum sum({64}, comm->size());

@@ -437,6 +437,65 @@ TEST(Model, FusedLenetMatchesUnfusedOps) {
   EXPECT_LT(test::scaled_err(gf, gu), 1e-5);
 }
 
+// Note [micro-shards] (device.hpp): a batch run op by op in micro-shards is
+// the same computation as the whole batch (BatchNorm over all of it), its
+// gradients handed over shard by shard and adding up to the batch's.
+TEST(Model, MicroShardsComputeWhatTheWholeBatchDoes) {
+  constexpr int kBatch = 12, kShard = 3, kClasses = 5;
+  CpuModel whole(tiny_resnet(), 8), sharded(tiny_resnet(), 8);
+  const Batch b = random_batch(kBatch, 9, 128, kClasses);
+  std::vector<float> d(size_t(kBatch) * kClasses);
+
+  whole->zero_grads();
+  const float* lw = whole->forward(b.x.data(), kBatch);
+  const std::vector<float> logits(lw, lw + d.size());
+  softmax_cross_entropy(lw, b.y.data(), kBatch, kClasses, d.data());
+  whole->backward(d.data(), kBatch);
+
+  sharded->zero_grads();
+  const float* ls = sharded->forward(b.x.data(), kBatch, Mode::Train, kShard);
+  EXPECT_LT(test::scaled_err(std::vector<float>(ls, ls + d.size()), std::vector<double>(logits.begin(), logits.end())),
+            1e-6);
+  const Graph& g = sharded->graph();
+  std::vector<double> taken(g.num_params, 0.0);
+  std::vector<int> calls(g.params.size(), 0);
+  sharded->backward_shards(d.data(), kBatch, [&](size_t first, size_t count) {
+    for (size_t p = first; p < first + count; ++p) {
+      ++calls[p];
+      const TensorInfo& t = g.params[p];
+      for (size_t i = t.offset; i < t.offset + t.numel; ++i) taken[i] += sharded->grads()[i];
+    }
+    // Only this op's gradients are there: the others' were taken and zeroed.
+    double others = 0;
+    for (size_t i = 0; i < g.num_params; ++i)
+      if (i < g.params[first].offset || i >= g.params[first + count - 1].offset + g.params[first + count - 1].numel)
+        others += std::fabs(sharded->grads()[i]);
+    EXPECT_EQ(others, 0.0);
+  });
+  for (size_t p = 0; p < g.params.size(); ++p) EXPECT_EQ(calls[p], kBatch / kShard) << g.params[p].name;
+  EXPECT_EQ(*std::max_element(sharded->grads(), sharded->grads() + g.num_params), 0.0f);
+  EXPECT_EQ(*std::min_element(sharded->grads(), sharded->grads() + g.num_params), 0.0f);
+  const std::vector<float> gw(whole->grads(), whole->grads() + g.num_params);
+  EXPECT_LT(test::scaled_err(gw, taken), 1e-5);
+  // BatchNorm's running statistics moved once, by the whole batch's.
+  EXPECT_EQ(sharded->counters(), whole->counters());
+  const std::vector<float> bs(sharded->buffers(), sharded->buffers() + g.num_buffers);
+  EXPECT_LT(test::scaled_err(bs, std::vector<double>(whole->buffers(), whole->buffers() + g.num_buffers)), 1e-6);
+}
+
+TEST(Model, MicroShardsAreRefusedWhereAnOpKeepsItsForwardsState) {
+  CpuModel m = cpu_model("lenet");
+  const Batch b = random_batch(8, 1);
+  try {
+    m->forward(b.x.data(), 8, Mode::Train, 4);
+    FAIL() << "LeNet's fused conv-relu-pool ran in micro-shards";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("op conv1 keeps its forward's ReLU mask for backward"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(m->forward(b.x.data(), 8, Mode::Train, 3), Error) << "3 does not divide 8";
+}
+
 TEST(Model, BackwardNeedsATrainingForwardOfTheBatch) {
   CpuModel m = cpu_model("mlp");
   const Batch b = random_batch(4, 1);
