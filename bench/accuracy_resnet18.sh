@@ -11,14 +11,10 @@
 #
 # Usage: bench/accuracy_resnet18.sh [epochs (10)] [seeds (5)]
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/common.sh"
 epochs=${1:-10}
 seeds=${2:-5}
-data=${DDP_DATA_DIR:-$root/../shared/data/fashion-mnist-subset}
-bin=${DDP_TRAIN:-$root/build/bin/ddp_train}
-venv=${DDP_BENCH_VENV:-$root/../.ddp-bench-venv}
 [[ -x $venv/bin/python ]] || { echo "no $venv: run bench/compare_pytorch.sh once to make it" >&2; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 args="--model resnet18 --data-dir $data --epochs $epochs --batch-size 256 --lr 0.1"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

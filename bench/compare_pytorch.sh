@@ -20,7 +20,7 @@
 #             (the median epoch then leaves out each side's first, which
 #             allocates: ddp_train's first ResNet-18 step faults in 1.6 GB)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/common.sh"
 model=lenet
 if [[ "${1:-}" == "--model" ]]; then
   model=$2
@@ -33,21 +33,14 @@ case $model in
 esac
 reps=${1:-3}
 epochs=${2:-$default_epochs}
-data=${DDP_DATA_DIR:-$root/../shared/data/fashion-mnist-subset}
-bin=${DDP_TRAIN:-$root/build/bin/ddp_train}
-venv=${DDP_BENCH_VENV:-$root/../.ddp-bench-venv}
-"$root/scripts/install-deps.sh"
-[[ -x $bin ]] || "$root/scripts/build.sh"
+bench_setup
 if [[ ! -x $venv/bin/python ]]; then
   echo "making $venv with the newest PyTorch from pip"
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q torch numpy
 fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 args="--model $model --data-dir $data --epochs $epochs $recipe"
 
-field() { /usr/bin/python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['$1'])"; }
-median() { /usr/bin/python3 -c "import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))" "$@"; }
 ratio() { /usr/bin/python3 -c "print(f'{$1/$2:.2f}')"; }
 torch_rate() {  # PYTHON NP
   "$1" "$root/bench/torch_ddp.py" --world-size "$2" $args | field samples_per_sec

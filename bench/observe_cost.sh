@@ -10,7 +10,7 @@
 #   lenet:    the subset, batch 256, lr 0.2, 4 epochs a run
 #   resnet18: its first 512 images, batch 256, lr 0.1, 2 epochs a run
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/common.sh"
 model=lenet
 if [[ "${1:-}" == "--model" ]]; then
   model=$2
@@ -23,17 +23,11 @@ case $model in
 esac
 reps=${1:-5}
 np=${2:-2}
-data=${DDP_DATA_DIR:-$root/../shared/data/fashion-mnist-subset}
-bin=${DDP_TRAIN:-$root/build/bin/ddp_train}
-"$root/scripts/install-deps.sh"
-[[ -x $bin ]] || "$root/scripts/build.sh"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+bench_setup
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 args="--model $model --data-dir $data $recipe --quiet"
 
-rate() { /usr/bin/python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['samples_per_sec'])"; }
-median() { /usr/bin/python3 -c "import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))" "$@"; }
 declare -A flags=([plain]="" [trace]="--trace $tmp/t.json --trace-steps 1:1000000" [tensorboard]="--tensorboard $tmp/tb"
                   [debug-collectives]="--debug-collectives")
 modes=(plain trace tensorboard debug-collectives)
@@ -41,7 +35,7 @@ declare -A rates
 for ((i = 0; i < reps; i++)); do
   for m in "${modes[@]}"; do
     rm -rf "$tmp/tb" "$tmp"/t.*
-    rates[$m]+=" $(mpirun -np "$np" --oversubscribe --bind-to none "$bin" $args ${flags[$m]} | rate)"
+    rates[$m]+=" $(mpirun -np "$np" --oversubscribe --bind-to none "$bin" $args ${flags[$m]} | field samples_per_sec)"
   done
 done
 echo "ddp_train -np $np, $model: $args, $reps reps, $(nproc) cores, $(date -u +%F)"

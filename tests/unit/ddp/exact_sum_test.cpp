@@ -9,6 +9,7 @@
 #include "ddp/core/error.hpp"
 #include "ddp/core/rng.hpp"
 #include "ddp/ddp/exact_sum.hpp"
+#include "one_rank.hpp"
 
 namespace ddp {
 namespace {
@@ -57,25 +58,6 @@ TEST(FixedPoint, DequantizeInvertsQuantizeForFloatsThatFit) {
   EXPECT_EQ(back, g);  // 50 bits at the top element: every float of these fits exactly
 }
 
-// A world of one: the collectives are the identity.
-class Solo final : public comm::Communicator {
- public:
-  const char* backend() const override { return "solo"; }
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  std::shared_ptr<comm::Work> allreduce_async(float*, size_t, comm::ReduceOp, std::string) override {
-    return nullptr;
-  }
-  void broadcast(void*, size_t, int, const std::string&) override {}
-  void barrier(const std::string&) override {}
-  std::vector<char> allgather(const void* mine, size_t bytes, const std::string&) override {
-    const char* p = static_cast<const char*>(mine);
-    return std::vector<char>(p, p + bytes);
-  }
-  void allreduce_doubles(double*, size_t, bool, const std::string&) override {}
-  void allreduce_int64(int64_t*, size_t, const std::string&) override {}
-};
-
 std::vector<float> shard_grads(int shard, size_t n, double scale) {
   Rng rng(11, uint64_t(shard));
   std::vector<float> g(n);
@@ -87,14 +69,14 @@ TEST(ExactGradientSum, TheSumDoesNotDependOnTheOrderOfTheShards) {
   const std::vector<size_t> numels = {300, 7, 1000};
   const size_t n = 1307;
   const int k = 16;
-  Solo solo;
+  test::OneRank one;
   auto run = [&](const std::vector<int>& order) {
     ExactGradientSum sum(numels, k);
     std::vector<float> out(n);
     for (int step = 0; step < 3; ++step) {
       sum.begin_step();
       for (int s : order) sum.add(shard_grads(s, n, 1e-2).data());
-      EXPECT_EQ(sum.finish(solo, out.data()), ExactGradientSum::Result::Done) << "step " << step;
+      EXPECT_EQ(sum.finish(one, out.data()), ExactGradientSum::Result::Done) << "step " << step;
     }
     return out;
   };
@@ -119,13 +101,13 @@ TEST(ExactGradientSum, TheSumDoesNotDependOnTheOrderOfTheShards) {
 TEST(ExactGradientSum, AGradientThatOutgrowsItsExponentRedoesTheStepThenFits) {
   const std::vector<size_t> numels = {100};
   ExactGradientSum sum(numels, 4);
-  Solo solo;
+  test::OneRank one;
   std::vector<float> out(100);
   // The first step's exponents take |g| < 2^kHeadroomBits: ~3000 does not fit.
   auto step = [&] {
     sum.begin_step();
     for (int s = 0; s < 4; ++s) sum.add(shard_grads(s, 100, 1000.0).data());
-    return sum.finish(solo, out.data());
+    return sum.finish(one, out.data());
   };
   EXPECT_EQ(step(), ExactGradientSum::Result::Redo);
   EXPECT_EQ(sum.redone_steps(), 1);
@@ -140,13 +122,13 @@ TEST(ExactGradientSum, AGradientThatOutgrowsItsExponentRedoesTheStepThenFits) {
 
 TEST(ExactGradientSum, ANonFiniteGradientFillsTheResultWithNaN) {
   ExactGradientSum sum({10}, 2);
-  Solo solo;
+  test::OneRank one;
   std::vector<float> g(10, 0.5f), out(10, 0);
   sum.begin_step();
   sum.add(g.data());
   g[3] = std::numeric_limits<float>::infinity();
   sum.add(g.data());
-  EXPECT_EQ(sum.finish(solo, out.data()), ExactGradientSum::Result::NonFinite);
+  EXPECT_EQ(sum.finish(one, out.data()), ExactGradientSum::Result::NonFinite);
   for (float v : out) EXPECT_TRUE(std::isnan(v));
 }
 

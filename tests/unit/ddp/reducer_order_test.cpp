@@ -6,29 +6,22 @@
 
 #include "ddp/core/error.hpp"
 #include "ddp/ddp/reducer.hpp"
+#include "one_rank.hpp"
 
 namespace ddp {
 namespace {
+
+using test::DoneWork;
 
 struct Launch {
   size_t offset, count;
   std::string what;
 };
 
-class DoneWork : public comm::Work {
- public:
-  void wait() override { ++waits; }
-  bool done() override { return true; }
-  int waits = 0;
-};
-
 // A world of one that records every all-reduce it is asked for.
-class Recorder : public comm::Communicator {
+class Recorder : public test::OneRank {
  public:
   explicit Recorder(const float* base) : base_(base) {}
-  const char* backend() const override { return "recorder"; }
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
   std::shared_ptr<comm::Work> allreduce_async(float* data, size_t count, comm::ReduceOp op,
                                               std::string what) override {
     EXPECT_EQ(op, comm::ReduceOp::Avg);
@@ -37,14 +30,6 @@ class Recorder : public comm::Communicator {
     works.push_back(w);
     return w;
   }
-  void broadcast(void*, size_t, int, const std::string&) override {}
-  void barrier(const std::string&) override {}
-  std::vector<char> allgather(const void* mine, size_t bytes, const std::string&) override {
-    const char* p = static_cast<const char*>(mine);
-    return std::vector<char>(p, p + bytes);
-  }
-  void allreduce_doubles(double*, size_t, bool, const std::string&) override {}
-  void allreduce_int64(int64_t*, size_t, const std::string&) override {}
 
   std::vector<Launch> launches;
   std::vector<std::shared_ptr<DoneWork>> works;
