@@ -53,8 +53,9 @@ TEST_F(Deterministic, LeNetIsBitwiseTheSameAtOneTwoAndFourRanks) {
 
 // ResNet-18 with SyncBatchNorm: its statistics over the global batch, every
 // rank's micro-shards summed in shard order (Note [micro-shards],
-// nn/device.hpp). A short run: 2 epochs of 3 steps, 8 micro-shards of 4.
-TEST_F(Deterministic, ResNet18WithSyncBatchNormIsBitwiseTheSameAtOneTwoAndFourRanks) {
+// nn/device.hpp). A short run: 2 epochs of 3 steps, 8 micro-shards of 4; the
+// -np 2 run's checkpoint after step 4 (mid-epoch) resumed at -np 4.
+TEST_F(Deterministic, ResNet18WithSyncBatchNormIsBitwiseTheSameAtOneTwoAndFourRanksAndAcrossAResume) {
   const std::string args = std::string("--model resnet18 --data-dir ") + DDP_DATA_DIR +
                            " --batch-size 32 --lr 0.05 --momentum 0.9 --seed 3 --deterministic "
                            "--deterministic-shards 8 --sync-bn --train-limit 96 --epochs 2 --quiet";
@@ -62,7 +63,8 @@ TEST_F(Deterministic, ResNet18WithSyncBatchNormIsBitwiseTheSameAtOneTwoAndFourRa
   for (int np : {1, 2, 4}) {
     SCOPED_TRACE("np " + std::to_string(np));
     const std::string out = path("np" + std::to_string(np));
-    auto r = run_ddp_train(np, args + " --output-model " + out);
+    const std::string ck = np == 2 ? " --checkpoint-dir " + path("ck") + " --checkpoint-every 2" : "";
+    auto r = run_ddp_train(np, args + ck + " --output-model " + out);
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find("deterministic: 8 micro-shards of 4 samples per step"), std::string::npos) << r.out;
     const nlohmann::json s = summary_of(r);
@@ -82,6 +84,12 @@ TEST_F(Deterministic, ResNet18WithSyncBatchNormIsBitwiseTheSameAtOneTwoAndFourRa
     EXPECT_EQ(s["train_loss"].get<double>(), first["train_loss"].get<double>());
     EXPECT_EQ(s["test_acc"].get<double>(), first["test_acc"].get<double>());
   }
+  const std::string from = path("ck") + "/" + checkpoint::checkpoint_file_name(4);
+  ASSERT_TRUE(fs::exists(from));
+  auto r = run_ddp_train(4, args + " --checkpoint-dir " + path("ck4") + " --resume " + from + " --output-model " +
+                                path("resumed"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  expect_bitwise_equal(checkpoint::read_safetensors(path("np1")), checkpoint::read_safetensors(path("resumed")));
 }
 
 TEST_F(Deterministic, BatchNormWithoutSyncBatchNormIsRefused) {
