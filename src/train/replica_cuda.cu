@@ -149,6 +149,9 @@ class CudaBackend final : public Backend {
   }
 
   std::string device_name() const override { return "cuda:" + std::to_string(info_.index); }
+  void set_exact_loss() override {
+    DDP_FAIL("--deterministic: the GPU backend has no exactly rounded loss sums yet");
+  }
   int threads() const override { return threads_; }
   std::string describe() const override { return device_name() + " " + monitor_->describe(); }
   DeviceUsage usage() override { return {monitor_->mem_peak_mib(), monitor_->util_pct()}; }

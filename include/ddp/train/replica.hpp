@@ -106,8 +106,9 @@ class Backend {
   virtual std::vector<double> take_sums() = 0;
   // --deterministic: each batch's loss sum is rounded to a multiple of 2^-20
   // before it is added, so that sums of them are exact in double and the
-  // same in any order. Backends that cannot are refused --deterministic.
-  virtual void set_exact_loss() {}
+  // same in any order. A backend that cannot throws (the trainer refuses
+  // --deterministic on it first).
+  virtual void set_exact_loss() = 0;
 
   // Whether all_finite is cheap enough to run every step (it needs the host
   // to look at device memory).
