@@ -257,4 +257,10 @@ Graph GraphBuilder::finish(int output) {
   return g;
 }
 
+bool has_batch_norm(const Graph& g) {
+  for (const Op& op : g.ops)
+    if (op.kind == OpKind::BatchNorm2d) return true;
+  return false;
+}
+
 }  // namespace ddp::nn

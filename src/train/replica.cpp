@@ -51,7 +51,7 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
     shard_ = cfg.batch_size / cfg.deterministic_shards;
     global_batch_ = cfg.batch_size;
     backend_->set_exact_loss();
-    for (const nn::Op& op : g.ops) whole_batch_ = whole_batch_ || op.kind == nn::OpKind::BatchNorm2d;
+    whole_batch_ = nn::has_batch_norm(g);
   }
   optimizer_ = std::make_unique<optim::Optimizer>(opt, g.params, dev, backend_->optim_kernels());
   classes_ = static_cast<int>(g.output_shape().numel());

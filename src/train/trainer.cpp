@@ -108,8 +108,9 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
         << " samples per step, gradients summed as integers, one thread per rank; bitwise the same at world "
            "sizes "
         << reproducing_world_sizes(cfg.deterministic_shards)
-        << (cfg.sync_bn ? "; BatchNorm's statistics over the global batch, each micro-shard's summed in shard order"
-                        : "");
+        << (nn::has_batch_norm(graph) ? "; BatchNorm's statistics over the global batch, each micro-shard's summed in "
+                                    "shard order"
+                                  : "");
   if (cfg.accumulate > 1)
     out << "; " << cfg.accumulate << " micro-batches of " << cfg.batch_size / world.size / cfg.accumulate
         << " per rank per step (--accumulate), all-reduce after the last";
@@ -319,12 +320,10 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
 
   const Placement place = place_rank(*host_comm, world, cfg);
   if (leader && !place.note.empty()) std::cerr << "ddp_train: note: " << place.note << "\n";
-  if (cfg.deterministic_shards > 0 && !cfg.sync_bn)
-    for (const nn::Op& op : graph.ops)
-      if (op.kind == nn::OpKind::BatchNorm2d)
-        throw UsageError(detail::concat("--deterministic: model ", cfg.model, " has BatchNorm (", op.name,
-                                        "), whose statistics over each rank's own batch depend on the world "
-                                        "size; add --sync-bn to take them over the global batch"));
+  if (cfg.deterministic_shards > 0 && !cfg.sync_bn && nn::has_batch_norm(graph))
+    throw UsageError(detail::concat("--deterministic: model ", cfg.model, " has BatchNorm, whose statistics over ",
+                                    "each rank's own batch depend on the world size; add --sync-bn to take them "
+                                    "over the global batch"));
   if (cfg.deterministic_shards > 0 && place.device == "cuda")
     throw UsageError("--deterministic runs on CPUs in this version of ddp_train (its GPU path, integer NCCL "
                      "all-reduces, is not written yet): add --device cpu");

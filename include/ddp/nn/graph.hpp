@@ -117,6 +117,9 @@ struct Graph {
   Shape output_shape() const { return values[size_t(output)]; }
 };
 
+// Whether some op of g is a BatchNorm2d.
+bool has_batch_norm(const Graph& g);
+
 // Builds a graph op by op; each call checks its op (errors name the model and
 // op) and returns the value it writes.
 class GraphBuilder {
