@@ -190,13 +190,12 @@ class BatchNorm final : public Kernel {
   // out[0 .. width) = the runs' sums added up, over every rank with a
   // StatsReducer: shard by shard in global order with OpArgs::shard.
   void reduce(const OpArgs& a, const Shards& sh, double* out, const char* what) {
-    const std::string label = op_.name + ": " + what;
-    if (stats_ && a.shard) return stats_->sum_shards(sh.base, sh.n, sh.width, out, label);
+    if (stats_ && a.shard) return stats_->sum_shards(sh.base, sh.n, sh.width, out, op_.name + ": " + what);
     if (sh.n == 1)
       std::copy(sh.base, sh.base + sh.width, out);
     else
       sum_in_shard_order(sh.base, size_t(sh.n), sh.width, out);
-    if (stats_) stats_->sum(out, sh.width, label);
+    if (stats_) stats_->sum(out, sh.width, op_.name + ": " + what);
   }
   const Op& op_;
   ThreadPool* pool_;

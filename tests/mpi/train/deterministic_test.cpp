@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"  // make_mpi_communicator
