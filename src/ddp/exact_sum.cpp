@@ -80,6 +80,11 @@ void ExactGradientSum::set_exponents(const std::vector<int64_t>& e) {
 void ExactGradientSum::begin_step() {
   std::fill(acc_.begin(), acc_.end(), 0);
   std::fill(max_.begin(), max_.end(), 0.0);
+  for (size_t l = 0; l < lane_acc_.size(); ++l) {  // what an interrupted step left
+    std::fill(lane_acc_[l].begin(), lane_acc_[l].end(), 0);
+    std::fill(lane_max_[l].begin(), lane_max_[l].end(), 0.0);
+    lane_added_[l] = 0;
+  }
 }
 
 void ExactGradientSum::add(const float* grads) { add(grads, 0, numels_.size()); }
@@ -87,10 +92,55 @@ void ExactGradientSum::add(const float* grads) { add(grads, 0, numels_.size()); 
 void ExactGradientSum::add(const float* grads, size_t first, size_t count) {
   DDP_CHECK(first + count <= numels_.size(), "--deterministic: parameters ", first, " .. ", first + count,
             " of ", numels_.size());
+  add(0, grads + offsets_[first], first, count);
+}
+
+void ExactGradientSum::set_lanes(int lanes) {
+  DDP_CHECK(lanes >= 1, "--deterministic: ", lanes, " lanes");
+  lane_acc_.assign(size_t(lanes - 1), {});
+  lane_max_.assign(size_t(lanes - 1), std::vector<double>(numels_.size(), 0.0));
+  lane_added_.assign(size_t(lanes - 1), 0);
+}
+
+void ExactGradientSum::add(int lane, const float* g, size_t first, size_t count) {
+  DDP_CHECK(lane >= 0 && lane < lanes() && first + count <= numels_.size(), "--deterministic: lane ", lane,
+            " of ", lanes(), " adds parameters ", first, " .. ", first + count, " of ", numels_.size());
+  if (count == 0) return;
+  const size_t base = offsets_[first];
+  int64_t* acc = acc_.data() + base;
+  double* max = max_.data();
+  if (lane > 0) {
+    std::vector<int64_t>& mine = lane_acc_[size_t(lane - 1)];
+    const size_t span = offsets_[first + count - 1] + numels_[first + count - 1] - base;
+    if (mine.size() < span) mine.resize(span, 0);  // this lane's own: no other thread touches it
+    acc = mine.data();
+    max = lane_max_[size_t(lane - 1)].data();
+    lane_added_[size_t(lane - 1)] = 1;
+  }
   for (size_t p = first; p < first + count; ++p) {
-    const double m = quantize_add(grads + offsets_[p], numels_[p], int(exponents_[p]), limit_bits_,
-                                  acc_.data() + offsets_[p]);
-    max_[p] = std::max(max_[p], m);
+    const double m = quantize_add(g + (offsets_[p] - base), numels_[p], int(exponents_[p]), limit_bits_,
+                                  acc + (offsets_[p] - base));
+    max[p] = std::max(max[p], m);
+  }
+}
+
+void ExactGradientSum::fold(size_t first, size_t count) {
+  DDP_CHECK(first + count <= numels_.size(), "--deterministic: parameters ", first, " .. ", first + count,
+            " of ", numels_.size());
+  if (count == 0) return;
+  const size_t base = offsets_[first], span = offsets_[first + count - 1] + numels_[first + count - 1] - base;
+  for (size_t l = 0; l < lane_acc_.size(); ++l) {
+    if (!lane_added_[l]) continue;
+    int64_t* mine = lane_acc_[l].data();
+    for (size_t i = 0; i < span; ++i) {
+      acc_[base + i] += mine[i];
+      mine[i] = 0;
+    }
+    for (size_t p = first; p < first + count; ++p) {
+      max_[p] = std::max(max_[p], lane_max_[l][p]);
+      lane_max_[l][p] = 0.0;
+    }
+    lane_added_[l] = 0;
   }
 }
 

@@ -134,14 +134,10 @@ int64_t conv_relu_mask_bytes(const ConvGeom& g) {
 
 template <typename T>
 void conv2d_relu_avgpool2_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
-                                  std::vector<uint8_t>& relu_mask, ConvScratch<T>& s,
-                                  ThreadPool* pool) {
+                                  uint8_t* mask, ConvScratch<T>& s, ThreadPool* pool) {
   check_poolable(g);
   const int OW = g.out_w(), OHW = g.out_h() * OW, PH = g.out_h() / 2, PW = OW / 2;
   const int64_t rb = conv_relu_mask_row_bytes(g), plane_mask = 2 * PH * rb;
-  if (int64_t(relu_mask.size()) < conv_relu_mask_bytes(g))
-    relu_mask.resize(size_t(conv_relu_mask_bytes(g)));
-  uint8_t* mask = relu_mask.data();
   conv_forward_chunks(g, x, w, s, pool, [&](int n0, int nb, const T* out, int64_t ld) {
     for (int i = 0; i < nb; ++i)
       for (int oc = 0; oc < g.out_c; ++oc) {
@@ -153,16 +149,11 @@ void conv2d_relu_avgpool2_forward(const ConvGeom& g, const T* x, const T* w, con
 }
 
 template <typename T>
-void conv2d_relu_avgpool2_backward(const ConvGeom& g, const T* x, const T* w,
-                                   const std::vector<uint8_t>& relu_mask, const T* dy, T* dw,
-                                   T* db, T* dx, ConvScratch<T>& s, ThreadPool* pool) {
+void conv2d_relu_avgpool2_backward(const ConvGeom& g, const T* x, const T* w, const uint8_t* mask,
+                                   const T* dy, T* dw, T* db, T* dx, ConvScratch<T>& s, ThreadPool* pool) {
   check_poolable(g);
-  DDP_CHECK(int64_t(relu_mask.size()) >= conv_relu_mask_bytes(g),
-            "conv2d+avgpool2 backward: relu mask of ", relu_mask.size(), " bytes, batch ",
-            g.batch, " needs ", conv_relu_mask_bytes(g), " (forward not run at this batch?)");
   const int OH = g.out_h(), OW = g.out_w(), OHW = OH * OW, PH = OH / 2, PW = OW / 2;
   const int64_t rb = conv_relu_mask_row_bytes(g), plane_mask = 2 * PH * rb;
-  const uint8_t* mask = relu_mask.data();
   conv_backward_chunks(g, x, w, dw, db, dx, s, pool, [&](int n0, int nb, T* dyc, int64_t ld) {
     for (int i = 0; i < nb; ++i)
       for (int oc = 0; oc < g.out_c; ++oc) {
@@ -173,19 +164,15 @@ void conv2d_relu_avgpool2_backward(const ConvGeom& g, const T* x, const T* w,
   });
 }
 
-template void conv2d_relu_avgpool2_forward<float>(const ConvGeom&, const float*, const float*,
-                                                  const float*, float*, std::vector<uint8_t>&,
-                                                  ConvScratch<float>&, ThreadPool*);
-template void conv2d_relu_avgpool2_forward<double>(const ConvGeom&, const double*, const double*,
-                                                   const double*, double*, std::vector<uint8_t>&,
-                                                   ConvScratch<double>&, ThreadPool*);
-template void conv2d_relu_avgpool2_backward<float>(const ConvGeom&, const float*, const float*,
-                                                   const std::vector<uint8_t>&, const float*,
-                                                   float*, float*, float*, ConvScratch<float>&,
+template void conv2d_relu_avgpool2_forward<float>(const ConvGeom&, const float*, const float*, const float*,
+                                                  float*, uint8_t*, ConvScratch<float>&, ThreadPool*);
+template void conv2d_relu_avgpool2_forward<double>(const ConvGeom&, const double*, const double*, const double*,
+                                                   double*, uint8_t*, ConvScratch<double>&, ThreadPool*);
+template void conv2d_relu_avgpool2_backward<float>(const ConvGeom&, const float*, const float*, const uint8_t*,
+                                                   const float*, float*, float*, float*, ConvScratch<float>&,
                                                    ThreadPool*);
 template void conv2d_relu_avgpool2_backward<double>(const ConvGeom&, const double*, const double*,
-                                                    const std::vector<uint8_t>&, const double*,
-                                                    double*, double*, double*,
+                                                    const uint8_t*, const double*, double*, double*, double*,
                                                     ConvScratch<double>&, ThreadPool*);
 
 }  // namespace ddp::nn::cpu

@@ -67,41 +67,62 @@ cpu::ConvGeom conv_geom(const Op& op, int batch) {
   return g;
 }
 
+// Note [lanes] (device.hpp): a call on a lane runs single-threaded with that
+// lane's scratch; a call off the lanes (never at the same time as lanes) runs
+// on the pool with lane 0's.
+struct LaneScratch {
+  explicit LaneScratch(ThreadPool* pool) : pool(pool), scratch(size_t(pool->size())) {}
+  ThreadPool* threads(const OpArgs& a) const { return a.lane >= 0 ? nullptr : pool; }
+  cpu::ConvScratch<float>& of(const OpArgs& a) { return scratch[size_t(std::max(a.lane, 0))]; }
+  ThreadPool* pool;
+  std::vector<cpu::ConvScratch<float>> scratch;
+};
+
 class Conv final : public Kernel {
  public:
-  Conv(const Op& op, ThreadPool* pool) : op_(op), pool_(pool) {}
+  Conv(const Op& op, ThreadPool* pool) : op_(op), lanes_(pool) {}
   void forward(const OpArgs& a) override {
-    cpu::conv2d_forward(conv_geom(op_, a.batch), a.x[0], a.p[0], a.p[1], a.y, scratch_, pool_);
+    cpu::conv2d_forward(conv_geom(op_, a.batch), a.x[0], a.p[0], a.p[1], a.y, lanes_.of(a), lanes_.threads(a));
   }
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
-    cpu::conv2d_backward(conv_geom(op_, a.batch), a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], scratch_, pool_);
+    cpu::conv2d_backward(conv_geom(op_, a.batch), a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], lanes_.of(a),
+                         lanes_.threads(a));
   }
 
  private:
   const Op& op_;
-  ThreadPool* pool_;
-  cpu::ConvScratch<float> scratch_;
+  LaneScratch lanes_;
 };
 
 // conv -> relu -> avgpool2 in one pass (conv_relu_pool_cpu.cpp); backward
-// needs the relu mask of the same batch's forward.
+// needs the relu mask of the same batch's forward, kept image by image so
+// that lanes write their micro-shards' masks side by side.
 class ConvReluPool final : public Kernel {
  public:
-  ConvReluPool(const Op& op, ThreadPool* pool) : op_(op), pool_(pool) {}
+  ConvReluPool(const Op& op, ThreadPool* pool)
+      : op_(op), lanes_(pool), image_mask_(size_t(cpu::conv_relu_mask_bytes(conv_geom(op, 1)))) {}
+  void begin_lanes(int batch) override { size_mask(batch); }
   void forward(const OpArgs& a) override {
-    cpu::conv2d_relu_avgpool2_forward(conv_geom(op_, a.batch), a.x[0], a.p[0], a.p[1], a.y, mask_, scratch_, pool_);
-    mask_batch_ = a.batch;
+    if (a.lane < 0) size_mask(a.batch);
+    cpu::conv2d_relu_avgpool2_forward(conv_geom(op_, a.batch), a.x[0], a.p[0], a.p[1], a.y, mask(a), lanes_.of(a),
+                                      lanes_.threads(a));
   }
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
-    DDP_CHECK(mask_batch_ == a.batch, "backward for batch ", a.batch, " after forward of batch ", mask_batch_);
-    cpu::conv2d_relu_avgpool2_backward(conv_geom(op_, a.batch), a.x[0], a.p[0], mask_, dy, a.dp[0], a.dp[1], dx[0],
-                                       scratch_, pool_);
+    DDP_CHECK(a.first + a.batch <= mask_batch_ && (a.lane >= 0 || a.batch == mask_batch_), "backward for images ",
+              a.first, " .. ", a.first + a.batch, " after forward of batch ", mask_batch_);
+    cpu::conv2d_relu_avgpool2_backward(conv_geom(op_, a.batch), a.x[0], a.p[0], mask(a), dy, a.dp[0], a.dp[1],
+                                       dx[0], lanes_.of(a), lanes_.threads(a));
   }
 
  private:
+  void size_mask(int batch) {
+    if (mask_.size() < size_t(batch) * image_mask_) mask_.resize(size_t(batch) * image_mask_);
+    mask_batch_ = batch;
+  }
+  uint8_t* mask(const OpArgs& a) { return mask_.data() + size_t(a.lane >= 0 ? a.first : 0) * image_mask_; }
   const Op& op_;
-  ThreadPool* pool_;
-  cpu::ConvScratch<float> scratch_;
+  LaneScratch lanes_;
+  size_t image_mask_;  // bytes of relu mask per image
   std::vector<uint8_t> mask_;
   int mask_batch_ = -1;
 };
@@ -273,9 +294,13 @@ class Flatten final : public Kernel {
 class Linear final : public Kernel {
  public:
   Linear(const Op& op, ThreadPool* pool) : in_(int(op.in.numel())), out_(op.out_c), pool_(pool) {}
-  void forward(const OpArgs& a) override { cpu::linear_forward(a.batch, in_, out_, a.x[0], a.p[0], a.p[1], a.y, pool_); }
+  // On a lane (Note [lanes]), single-threaded.
+  void forward(const OpArgs& a) override {
+    cpu::linear_forward(a.batch, in_, out_, a.x[0], a.p[0], a.p[1], a.y, a.lane >= 0 ? nullptr : pool_);
+  }
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
-    cpu::linear_backward(a.batch, in_, out_, a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], pool_);
+    cpu::linear_backward(a.batch, in_, out_, a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0],
+                         a.lane >= 0 ? nullptr : pool_);
   }
 
  private:
@@ -316,6 +341,9 @@ class CpuDevice final : public Device {
     if (n) std::memcpy(dev, host, n * sizeof(float));
   }
   void sync() override {}
+  // Note [lanes]: one per thread.
+  int lanes() const override { return pool_.size(); }
+  void for_lanes(int64_t n, const std::function<void(int64_t, int)>& body) override { pool_.parallel_for(n, body); }
 
  private:
   ThreadPool pool_;

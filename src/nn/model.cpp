@@ -146,11 +146,11 @@ void Model::reserve(int batch) {
 const float* Model::forward(const float* x, int batch, Mode mode, int shard) {
   DDP_CHECK(batch > 0, "model ", name(), ": forward with batch ", batch);
   DDP_CHECK(x, "model ", name(), ": forward with null input");
-  DDP_CHECK(shard == 0 || (mode == Mode::Train && shard > 0 && batch % shard == 0), "model ", name(),
-            ": a ", mode == Mode::Train ? "training" : "evaluation", " forward of batch ", batch,
-            " in micro-shards of ", shard);
+  DDP_CHECK(shard == 0 || (shard > 0 && (mode == Mode::Eval || batch % shard == 0)), "model ", name(),
+            ": a training forward of batch ", batch, " in micro-shards of ", shard);
   reserve(batch);
   input_ = x;
+  const int64_t shards = shard > 0 ? (batch + shard - 1) / shard : 0;
   for (size_t i = 0; i < graph_.ops.size(); ++i) {
     OpArgs& a = args_[i];
     a.batch = batch;
@@ -162,56 +162,63 @@ const float* Model::forward(const float* x, int batch, Mode mode, int shard) {
     TraceScope span(mode == Mode::Train ? trace_ : nullptr, Trace::kStep, "forward",
                     trace_ && trace_->active() ? detail::concat(op.name, " (", to_string(op.kind), ")") : "");
     // Note [micro-shards] (device.hpp): BatchNorm takes the whole batch and
-    // its shard size, every other op one micro-shard at a time.
+    // its shard size, every other op one micro-shard at a time, on the lanes.
     const bool whole = shard == 0 || op.kind == OpKind::BatchNorm2d;
-    a.shard = op.kind == OpKind::BatchNorm2d ? shard : 0;
+    a.shard = op.kind == OpKind::BatchNorm2d && mode == Mode::Train ? shard : 0;
     if (whole) {
       kernels_[i]->forward(a);
       continue;
     }
-    DDP_CHECK(op.kind != OpKind::ConvReluPool, "model ", name(), ": op ", op.name,
-              " keeps its forward's ReLU mask for backward and cannot run in micro-shards");
-    for (int k = 0; k < batch / shard; ++k) kernels_[i]->forward(shard_args(i, a, k, shard));
+    kernels_[i]->begin_lanes(batch);
+    device_.for_lanes(shards, [&](int64_t k, int lane) { kernels_[i]->forward(shard_args(i, a, k, shard, lane)); });
   }
   last_batch_ = mode == Mode::Train ? batch : -1;
   last_shard_ = shard;
   return value(graph_.output);
 }
 
-OpArgs Model::shard_args(size_t i, const OpArgs& a, int k, int shard) const {
+OpArgs Model::shard_args(size_t i, const OpArgs& a, int64_t k, int shard, int lane) const {
   const Op& op = graph_.ops[i];
-  const int64_t first = int64_t(k) * shard;
+  const int64_t first = k * shard;
   OpArgs part = a;
-  part.batch = shard;
+  part.batch = int(std::min<int64_t>(shard, a.batch - first));
   part.shard = 0;
+  part.lane = lane;
+  part.first = first;
   for (size_t j = 0; j < op.inputs.size(); ++j)
     part.x[j] = a.x[j] + first * graph_.values[size_t(op.inputs[j])].numel();
   part.y = a.y + first * graph_.values[i + 1].numel();
   return part;
 }
 
-void Model::take_grads(size_t i, const std::function<void(size_t, size_t)>& take) {
+void Model::take_grads(size_t i, float* g, int lane, ShardGradients& to) {
   const std::vector<size_t>& ps = graph_.op_params[i];
-  if (ps.empty()) return;
   // An op's tensors are adjacent in flat order (Note [flat layout]).
   const TensorInfo &first = graph_.params[ps.front()], &last = graph_.params[ps.back()];
-  take(ps.front(), ps.size());
-  device_.fill(grads() + first.offset, last.offset + last.numel - first.offset, 0.0f);
+  to.take(lane, g, ps.front(), ps.size());
+  device_.fill(g, last.offset + last.numel - first.offset, 0.0f);
 }
 
 void Model::backward(const float* dlogits, int batch, const std::function<void(size_t)>& on_ready) {
   DDP_CHECK(last_shard_ == 0, "model ", name(), ": a forward in micro-shards needs backward_shards");
-  run_backward(dlogits, batch, on_ready, {});
+  run_backward(dlogits, batch, on_ready, nullptr);
 }
 
-void Model::backward_shards(const float* dlogits, int batch, const std::function<void(size_t, size_t)>& take) {
+void Model::backward_shards(const float* dlogits, int batch, ShardGradients& to) {
   DDP_CHECK(last_batch_ < 0 || last_shard_ > 0, "model ", name(), ": backward_shards after a forward of one batch");
-  DDP_CHECK(take, "model ", name(), ": backward_shards with nothing to take the gradients");
-  run_backward(dlogits, batch, {}, take);
+  if (lane_grads_.empty()) {
+    size_t most = 0;
+    for (const std::vector<size_t>& ps : graph_.op_params)
+      if (!ps.empty())
+        most = std::max(most, graph_.params[ps.back()].offset + graph_.params[ps.back()].numel -
+                                  graph_.params[ps.front()].offset);
+    for (int l = 0; l < device_.lanes(); ++l) lane_grads_.push_back(device_.alloc(std::max<size_t>(most, 1)));
+  }
+  run_backward(dlogits, batch, {}, &to);
 }
 
 void Model::run_backward(const float* dlogits, int batch, const std::function<void(size_t)>& on_ready,
-                         const std::function<void(size_t, size_t)>& take) {
+                         ShardGradients* to) {
   DDP_CHECK(last_batch_ == batch, "model ", name(), ": backward for batch ", batch,
             last_batch_ < 0 ? std::string(" without a training forward") : " after forward of batch " +
                                                                               std::to_string(last_batch_));
@@ -220,7 +227,7 @@ void Model::run_backward(const float* dlogits, int batch, const std::function<vo
   // run backward (the last reader) writes, the others write into scratch_,
   // which is then added (Note [gradient accumulation] in device.hpp).
   std::vector<bool> written(graph_.values.size(), false);
-  std::vector<float*> dx, dx_part;
+  std::vector<float*> dx;
   for (size_t i = graph_.ops.size(); i-- > 0;) {
     const Op& op = graph_.ops[i];
     const int out = int(i) + 1;
@@ -241,24 +248,30 @@ void Model::run_backward(const float* dlogits, int batch, const std::function<vo
     DDP_CHECK(add_later.size() <= 1, "model ", name(), ": op ", op.name, " reads one value more than twice");
     TraceScope span(trace_, Trace::kStep, "backward",
                     trace_ && trace_->active() ? detail::concat(op.name, " (", to_string(op.kind), ")") : "");
-    if (!take) {
+    const std::vector<size_t>& ps = graph_.op_params[i];
+    if (!to) {
       kernels_[i]->backward(args_[i], dy, dx);
     } else if (op.kind == OpKind::BatchNorm2d) {
-      // Note [micro-shards]: the kernel hands over its shards' gradients.
+      // Note [micro-shards]: the kernel hands over its shards' gradients, in
+      // grads(), off the lanes.
       OpArgs a = args_[i];
-      a.shard_grads = [&] { take_grads(i, take); };
+      a.shard_grads = [&] { take_grads(i, a.dp[0], 0, *to); };
       kernels_[i]->backward(a, dy, dx);
     } else {
-      const int shard = last_shard_;
-      for (int k = 0; k < batch / shard; ++k) {
-        const int64_t first = int64_t(k) * shard;
-        dx_part = dx;
+      // Note [lanes]: each lane's parameter gradients in its own buffer.
+      const size_t base = ps.empty() ? 0 : graph_.params[ps.front()].offset;
+      device_.for_lanes(batch / last_shard_, [&](int64_t k, int lane) {
+        OpArgs part = shard_args(i, args_[i], k, last_shard_, lane);
+        float* g = lane_grads_[size_t(lane)]->data();
+        for (size_t j = 0; j < ps.size(); ++j) part.dp[j] = g + (graph_.params[ps[j]].offset - base);
+        std::vector<float*> dx_part = dx;
         for (size_t j = 0; j < op.inputs.size(); ++j)
-          if (dx_part[j]) dx_part[j] += first * graph_.values[size_t(op.inputs[j])].numel();
-        kernels_[i]->backward(shard_args(i, args_[i], k, shard), dy + first * graph_.values[i + 1].numel(), dx_part);
-        take_grads(i, take);
-      }
+          if (dx_part[j]) dx_part[j] += part.first * graph_.values[size_t(op.inputs[j])].numel();
+        kernels_[i]->backward(part, dy + part.first * graph_.values[i + 1].numel(), dx_part);
+        if (!ps.empty()) take_grads(i, g, lane, *to);
+      });
     }
+    if (to && !ps.empty()) to->taken(ps.front(), ps.size());
     for (size_t j : add_later) {
       const int v = op.inputs[j];
       device_.add(dacts_[size_t(v)], scratch_->data(), size_t(batch) * size_t(graph_.values[size_t(v)].numel()));

@@ -50,8 +50,8 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
     exact_ = std::make_unique<ExactGradientSum>(numels, cfg.deterministic_shards);
     shard_ = cfg.batch_size / cfg.deterministic_shards;
     global_batch_ = cfg.batch_size;
+    exact_->set_lanes(dev.lanes());
     backend_->set_exact_loss();
-    whole_batch_ = nn::has_batch_norm(g);
   }
   optimizer_ = std::make_unique<optim::Optimizer>(opt, g.params, dev, backend_->optim_kernels());
   classes_ = static_cast<int>(g.output_shape().numel());
@@ -107,7 +107,7 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
   const size_t sample = b.x.size() / size_t(b.size);
   StepHealth health;
   if (exact_) {
-    exact_passes(x, y, b.size, sample, health, lap);
+    exact_passes(x, y, b.size, health, lap);
     allreduces_ += 2;
     allreduce_bytes_ += double(exact_->bytes_per_step());
   } else {
@@ -167,7 +167,19 @@ void Replica::reduced_passes(const float* x, const int32_t* y, int batch, size_t
   allreduce_bytes_ += double(reducer_->launched_bytes() - bytes);
 }
 
-void Replica::exact_passes(const float* x, const int32_t* y, int batch, size_t sample, StepHealth& health,
+// Note [lanes] (nn/device.hpp): the model's micro-shards' gradients into the
+// fixed-point sums, lane by lane.
+class Replica::ToExactSum final : public nn::ShardGradients {
+ public:
+  explicit ToExactSum(ExactGradientSum& sum) : sum_(sum) {}
+  void take(int lane, const float* g, size_t first, size_t count) override { sum_.add(lane, g, first, count); }
+  void taken(size_t first, size_t count) override { sum_.fold(first, count); }
+
+ private:
+  ExactGradientSum& sum_;
+};
+
+void Replica::exact_passes(const float* x, const int32_t* y, int batch, StepHealth& health,
                            const std::function<void(double&)>& lap) {
   DDP_CHECK(batch % shard_ == 0, "a batch of ", batch, " does not split into micro-shards of ", shard_,
             " (--deterministic-shards)");
@@ -180,60 +192,42 @@ void Replica::exact_passes(const float* x, const int32_t* y, int batch, size_t s
   eval_correct_ += earlier[2];
   // Nor may a redone step move BatchNorm's running statistics twice.
   nn::ModelState before;
-  if (whole_batch_) model_->get_buffers(before);
-  // Micro-shard k's loss, and d(loss)/d(logits) over the global batch: the
-  // micro-shards' sum over every rank is then the step's mean gradient.
-  const auto shard_loss = [&](const float* logits, int k, float* dlogits) {
-    if (const auto loss = backend_->loss(logits, y + size_t(k) * shard_, shard_, classes_, dlogits, global_batch_)) {
-      health.loss += *loss / shards;
-      health.loss_finite = health.loss_finite && std::isfinite(*loss);
-    }
-  };
-  const auto take = [this](size_t first, size_t count) { exact_->add(model_->grads(), first, count); };
+  model_->get_buffers(before);
+  ToExactSum to(*exact_);
   for (;;) {
     exact_->begin_step();
     health = StepHealth{};
-    if (whole_batch_) {
-      // Note [micro-shards] (nn/device.hpp): the whole batch op by op, so
-      // that BatchNorm's statistics cover every rank's micro-shards.
-      model_->zero_grads();
-      {
-        TraceScope span(trace_, Trace::kStep, "forward", "forward");
-        const float* logits = model_->forward(x, batch, nn::Mode::Train, shard_);
-        for (int k = 0; k < shards; ++k) {
-          const size_t at = size_t(k) * shard_ * classes_;
-          shard_loss(logits + at, k, dlogits_->data() + at);
-        }
-      }
-      lap(times_.forward);
-      {
-        TraceScope span(trace_, Trace::kStep, "backward", "backward");
-        model_->backward_shards(dlogits_->data(), batch, take);
-      }
-      lap(times_.backward);
-    } else {
-      // Micro-shard by micro-shard, each one's forward and backward alone.
+    // Note [micro-shards] (nn/device.hpp): the whole batch op by op, every
+    // op but BatchNorm micro-shard by micro-shard on the device's lanes, so
+    // that BatchNorm's statistics cover every rank's micro-shards.
+    model_->zero_grads();
+    {
+      TraceScope span(trace_, Trace::kStep, "forward", "forward");
+      const float* logits = model_->forward(x, batch, nn::Mode::Train, shard_);
+      // Micro-shard k's loss, and d(loss)/d(logits) over the global batch:
+      // the micro-shards' sum over every rank is then the step's mean
+      // gradient.
       for (int k = 0; k < shards; ++k) {
-        model_->zero_grads();
-        {
-          TraceScope span(trace_, Trace::kStep, "forward", "forward");
-          shard_loss(model_->forward(x + size_t(k) * shard_ * sample, shard_, nn::Mode::Train), k, dlogits_->data());
+        const size_t at = size_t(k) * shard_ * classes_;
+        if (const auto loss = backend_->loss(logits + at, y + size_t(k) * shard_, shard_, classes_,
+                                             dlogits_->data() + at, global_batch_)) {
+          health.loss += *loss / shards;
+          health.loss_finite = health.loss_finite && std::isfinite(*loss);
         }
-        lap(times_.forward);
-        {
-          TraceScope span(trace_, Trace::kStep, "backward", "backward");
-          model_->backward(dlogits_->data(), shard_);
-          exact_->add(model_->grads());
-        }
-        lap(times_.backward);
       }
     }
+    lap(times_.forward);
+    {
+      TraceScope span(trace_, Trace::kStep, "backward", "backward");
+      model_->backward_shards(dlogits_->data(), batch, to);
+    }
+    lap(times_.backward);
     TraceScope span(trace_, Trace::kStep, "comm", "fixed-point all-reduce");
     const ExactGradientSum::Result r = exact_->finish(backend_->comm(), model_->grads());
     lap(times_.comm);
     if (r != ExactGradientSum::Result::Redo) return;
     backend_->take_sums();  // the attempt that outgrew its exponents
-    if (whole_batch_) model_->set_buffers(before);
+    model_->set_buffers(before);
   }
 }
 
@@ -252,7 +246,9 @@ StepSums Replica::take_sums() {
 
 void Replica::eval_batch(const data::Batch& b) {
   const auto [x, y] = backend_->stage(b);
-  const float* logits = model_->forward(x, b.size, nn::Mode::Eval);
+  // Under --deterministic in micro-shards on the lanes, as training's: each
+  // sample's logits are then one thread's at any world size.
+  const float* logits = model_->forward(x, b.size, nn::Mode::Eval, exact_ ? shard_ : 0);
   backend_->count_correct(logits, y, b.size, classes_);
   backend_->batch_done();
 }

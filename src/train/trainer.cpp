@@ -105,7 +105,7 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
   if (cfg.deterministic_shards > 0)
     out << "\nddp_train: deterministic: " << cfg.deterministic_shards << " micro-shards of "
         << cfg.batch_size / cfg.deterministic_shards
-        << " samples per step, gradients summed as integers, one thread per rank; bitwise the same at world "
+        << " samples per step, each on one thread, gradients summed as integers; bitwise the same at world "
            "sizes "
         << reproducing_world_sizes(cfg.deterministic_shards)
         << (nn::has_batch_norm(graph) ? "; BatchNorm's statistics over the global batch, each micro-shard's summed in "
@@ -340,10 +340,9 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     backend = make_cuda_backend(world, cfg, place.gpu, std::move(host_comm), watchdog.get());
 #endif
   } else {
-    // --deterministic: one thread per rank, so that a micro-shard's kernels
-    // (their chunks and partial sums) are the same at every world size.
-    backend = make_cpu_backend(watchdog ? watchdog->watch(std::move(host_comm)) : std::move(host_comm),
-                               cfg.deterministic_shards > 0 ? 1 : 0);
+    // --deterministic runs each micro-shard on one of the threads (Note
+    // [lanes] in nn/device.hpp), so every thread is used at any world size.
+    backend = make_cpu_backend(watchdog ? watchdog->watch(std::move(host_comm)) : std::move(host_comm), 0);
   }
   DDP_CHECK(backend, "--device ", place.device, ": not in this build");
   if (cfg.grad_compression != "none" && place.device == "cuda")

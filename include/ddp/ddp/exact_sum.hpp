@@ -6,7 +6,8 @@
 // not the float of the same 256 samples summed on one. Under --deterministic
 // the global batch is cut into a fixed number of micro-shards (K); each rank
 // computes every micro-shard's gradient on its own (the same floats at every
-// world size: the same samples, the same kernels, one thread), and adds it to
+// world size: the same samples, the same kernels, one thread; Note [lanes] in
+// nn/device.hpp runs several micro-shards at once), and adds it to
 // an int64 accumulator as round(g * 2^e), with e per parameter. Integer
 // addition is associative, so the all-reduced sums, and the floats they are
 // turned back into once, are the same whatever the ranks and their order.
@@ -77,6 +78,20 @@ class ExactGradientSum {
   // One micro-shard's gradients of params [first, first + count) only
   // (grads: the whole flat buffer).
   void add(const float* grads, size_t first, size_t count);
+
+  // Note [lanes] (nn/device.hpp): up to `lanes` callers may add at once,
+  // each with a lane of its own. Lanes other than 0 sum into integers of
+  // their own, folded into the step's sums per run of parameters: integer
+  // sums, so which lane took which micro-shard changes nothing.
+  void set_lanes(int lanes);
+  int lanes() const { return int(lane_acc_.size()) + 1; }
+  // One micro-shard's gradients of params [first, first + count) from lane
+  // `lane`: g[0] is param first's element 0, the params laid out as in the
+  // flat buffer. Lanes may call at once, for the same params.
+  void add(int lane, const float* g, size_t first, size_t count);
+  // With no lane adding: every lane's sums of params [first, first + count)
+  // into the step's.
+  void fold(size_t first, size_t count);
   // Collective. Done: grads holds the sum of every rank's micro-shards,
   // identical on every rank, and the next step's exponents are set. Redo: a
   // gradient outgrew its exponent on some rank; the exponents are lowered and
@@ -100,6 +115,12 @@ class ExactGradientSum {
   std::vector<int64_t> exponents_;
   std::vector<int64_t> acc_;
   std::vector<double> max_;  // this rank's largest |g| per parameter this step
+  // Lanes 1 and up (lane 0 adds into acc_ and max_): each one's sums of the
+  // params it was last given, from their first one's offset; its maxima; and
+  // whether it has added since the last fold.
+  std::vector<std::vector<int64_t>> lane_acc_;
+  std::vector<std::vector<double>> lane_max_;
+  std::vector<char> lane_added_;
   int64_t redone_ = 0;
 };
 

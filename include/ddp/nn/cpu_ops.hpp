@@ -64,16 +64,15 @@ void winograd_conv3x3_backward(const ConvGeom& g, const T* x, const T* w, const 
 
 // conv2d -> ReLU -> 2x2 average pooling (stride 2, floor), fused: the conv
 // output never leaves cache; what backward needs of it is one bit per element
-// (was it positive), kept in relu_mask (layout: conv_relu_mask_bytes). y is
-// [batch, out_c, out_h/2, out_w/2]; dy of the same shape.
+// (was it positive), kept in relu_mask (conv_relu_mask_bytes(g) bytes, image
+// after image). y is [batch, out_c, out_h/2, out_w/2]; dy of the same shape.
 template <typename T>
 void conv2d_relu_avgpool2_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
-                                  std::vector<uint8_t>& relu_mask, ConvScratch<T>& s,
-                                  ThreadPool* pool = nullptr);
+                                  uint8_t* relu_mask, ConvScratch<T>& s, ThreadPool* pool = nullptr);
 template <typename T>
-void conv2d_relu_avgpool2_backward(const ConvGeom& g, const T* x, const T* w,
-                                   const std::vector<uint8_t>& relu_mask, const T* dy, T* dw,
-                                   T* db, T* dx, ConvScratch<T>& s, ThreadPool* pool = nullptr);
+void conv2d_relu_avgpool2_backward(const ConvGeom& g, const T* x, const T* w, const uint8_t* relu_mask,
+                                   const T* dy, T* dw, T* db, T* dx, ConvScratch<T>& s,
+                                   ThreadPool* pool = nullptr);
 
 // Bytes of relu mask per conv output row that pooling reads (bit j of byte b
 // is column 8b + j), and in all for a batch.

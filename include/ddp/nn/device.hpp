@@ -36,6 +36,14 @@ enum class Mode { Train, Eval };
 // (StatsReducer::sum_shards): the same doubles, added in the same order, at
 // any world size. Its weight and bias gradients are handed over one shard at
 // a time (OpArgs::shard_grads), as every other op's are.
+//
+// Note [lanes]: a device runs micro-shards on lanes (Device::lanes, the CPU's
+// threads): every op but BatchNorm hands its micro-shards to whichever lane
+// is free, and on a lane a kernel runs single-threaded with that lane's
+// scratch. A shard's arithmetic is then that of one thread alone, whichever
+// lane takes it and however many lanes there are: the same bits at one rank
+// of many threads as at many ranks of one. Each lane's parameter gradients go
+// to a buffer of its own (Model::backward_shards).
 struct OpArgs {
   int batch = 0;
   Mode mode = Mode::Train;
@@ -49,6 +57,11 @@ struct OpArgs {
   // shard_grads() once they alone are in dp (it takes them and zeroes dp).
   int shard = 0;
   std::function<void()> shard_grads;
+  // Note [lanes]: -1, or the lane this call runs on, concurrently with the
+  // other lanes; then `first` is the index in the whole batch of its first
+  // sample (for what a kernel keeps per sample between forward and backward).
+  int lane = -1;
+  int64_t first = 0;
 };
 
 // Sums over ranks that an op needs in the middle of forward or backward
@@ -85,6 +98,10 @@ class Kernel {
   // gradients into a.dp, overwrites dx[i] with d(loss)/d(input i) where dx[i]
   // is not nullptr.
   virtual void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) = 0;
+  // Note [lanes]: before lanes run a training forward's micro-shards of a
+  // batch of `batch` samples (so that what the kernel keeps per sample is
+  // sized before they run at once).
+  virtual void begin_lanes(int batch) { (void)batch; }
 };
 
 // Floats on a device, zero-filled when made.
@@ -110,6 +127,12 @@ class Device {
   virtual void from_host(float* dev, const float* host, size_t n) = 0;
   // Blocks until everything issued so far is done.
   virtual void sync() = 0;
+  // Note [lanes]: how many micro-shards run at once, and running body(i,
+  // lane) for every i in [0, n), each on some lane (no two at once on one).
+  virtual int lanes() const { return 1; }
+  virtual void for_lanes(int64_t n, const std::function<void(int64_t, int)>& body) {
+    for (int64_t i = 0; i < n; ++i) body(i, 0);
+  }
 };
 
 // The CPU device: kernels on `threads` threads of a pool of its own (OpenBLAS

@@ -31,6 +31,20 @@ struct ModelState {
 // values unchanged; buffers as their specs say; counters zero.
 ModelState init_state(const Graph& g, uint64_t seed);
 
+// Note [micro-shards] (device.hpp): what Model::backward_shards hands each
+// micro-shard's parameter gradients to.
+class ShardGradients {
+ public:
+  virtual ~ShardGradients() = default;
+  // One micro-shard's gradients of params [first, first + count) (adjacent
+  // in flat order), g[0] being param first's element 0. Lanes call at once,
+  // each with its own lane (Note [lanes]); g is the lane's until it returns.
+  virtual void take(int lane, const float* g, size_t first, size_t count) = 0;
+  // Every micro-shard of params [first, first + count) has been taken, and
+  // no lane is running.
+  virtual void taken(size_t first, size_t count) = 0;
+};
+
 class Model {
  public:
   // stats: what synchronised ops (SyncBatchNorm) reduce their statistics
@@ -66,9 +80,11 @@ class Model {
   // Logits of a batch (device memory: batch * output_shape().numel() floats,
   // owned by the model, valid until the next forward). x is read again by
   // backward: the caller keeps it until then. Eval mode uses BatchNorm's
-  // running statistics and updates nothing. shard > 0 (training only): the
-  // batch is micro-shards of that many samples, run as Note [micro-shards]
-  // (device.hpp) says, for backward_shards.
+  // running statistics and updates nothing. shard > 0: the batch is
+  // micro-shards of that many samples, run on the device's lanes as Note
+  // [micro-shards] and Note [lanes] (device.hpp) say; in training for
+  // backward_shards, and the batch a multiple of shard; in evaluation the
+  // last micro-shard may be shorter.
   const float* forward(const float* x, int batch, Mode mode = Mode::Train, int shard = 0);
 
   // Backward from d(loss)/d(logits) of the last (training) forward. After
@@ -78,12 +94,12 @@ class Model {
   // after the call.
   void backward(const float* dlogits, int batch, const std::function<void(size_t)>& on_ready = {});
 
-  // Backward of a forward with micro-shards: op by op, last first; each op's
-  // parameter gradients are handed over shard by shard, take(first, count)
-  // being called with params [first, first + count) of param_info() holding
-  // one shard's gradients alone in grads(), which are zero after it returns.
-  // grads() must be zero before.
-  void backward_shards(const float* dlogits, int batch, const std::function<void(size_t, size_t)>& take);
+  // Backward of a training forward with micro-shards: op by op, last first;
+  // each op's parameter gradients are handed to `to` one micro-shard at a
+  // time, on the lanes, and then the op's `taken` is called. Only
+  // BatchNorm's pass through grads() (off the lanes), which must be zero
+  // before and are zero after.
+  void backward_shards(const float* dlogits, int batch, ShardGradients& to);
 
   // Each op's forward and backward as spans of the trace while it records
   // (nullptr: none). On a device that queues work they cover the launch.
@@ -92,11 +108,13 @@ class Model {
  private:
   float* value(int v);  // an op's output (v >= 1)
   void run_backward(const float* dlogits, int batch, const std::function<void(size_t)>& on_ready,
-                    const std::function<void(size_t, size_t)>& take);
-  // Op i's arguments for micro-shard k of `shard` samples of a's batch.
-  OpArgs shard_args(size_t i, const OpArgs& a, int k, int shard) const;
-  // Hands op i's parameter gradients to take and zeroes them.
-  void take_grads(size_t i, const std::function<void(size_t, size_t)>& take);
+                    ShardGradients* to);
+  // Op i's arguments for micro-shard k of `shard` samples of a's batch (the
+  // last one shorter where the batch ends first), on lane `lane`.
+  OpArgs shard_args(size_t i, const OpArgs& a, int64_t k, int shard, int lane) const;
+  // Hands op i's parameter gradients in g (laid out from its first
+  // parameter's offset) to `to` from lane `lane`, and zeroes them.
+  void take_grads(size_t i, float* g, int lane, ShardGradients& to);
   void reserve(int batch);
   Graph graph_;
   Device& device_;
@@ -112,6 +130,9 @@ class Model {
   std::vector<std::unique_ptr<Array>> acts_, grad_slots_;
   std::vector<float*> dacts_;
   std::unique_ptr<Array> scratch_;
+  // Note [lanes]: each lane's parameter gradients of one op (as many floats
+  // as the op with the most parameters has), made at the first backward_shards.
+  std::vector<std::unique_ptr<Array>> lane_grads_;
   const float* input_ = nullptr;  // x of the last forward
   int capacity_ = 0;              // batch the arrays hold
   int last_batch_ = -1;           // batch of the last training forward; -1: none

@@ -194,20 +194,20 @@ class Replica {
   // last one's gradients all-reduced by the reducer as backward makes them.
   void reduced_passes(const float* x, const int32_t* y, int batch, size_t sample, StepHealth& health,
                       const std::function<void(double&)>& lap);
-  // --deterministic's forward and backward: micro-shard by micro-shard, each
-  // one's gradients into the fixed-point sum (a model with BatchNorm: the
-  // whole batch op by op, Note [micro-shards] in nn/device.hpp); then its
-  // all-reduce.
-  void exact_passes(const float* x, const int32_t* y, int batch, size_t sample, StepHealth& health,
+  // --deterministic's forward and backward: the batch op by op, each op
+  // micro-shard by micro-shard on the device's lanes (Note [micro-shards],
+  // Note [lanes] in nn/device.hpp), each micro-shard's gradients into the
+  // fixed-point sum; then its all-reduce.
+  void exact_passes(const float* x, const int32_t* y, int batch, StepHealth& health,
                     const std::function<void(double&)>& lap);
-  class Stats;  // SyncBatchNorm's reducer over the backend's communicator
+  class Stats;       // SyncBatchNorm's reducer over the backend's communicator
+  class ToExactSum;  // the model's micro-shard gradients into exact_
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Stats> stats_;
   std::unique_ptr<nn::Model> model_;
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<ExactGradientSum> exact_;  // --deterministic
   int shard_ = 0, global_batch_ = 0;         // --deterministic's micro-shard, in samples
-  bool whole_batch_ = false;                 // --deterministic with BatchNorm: Note [micro-shards]
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<nn::Array> dlogits_;
   int classes_ = 0, accumulate_ = 1;

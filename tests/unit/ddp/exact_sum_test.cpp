@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <limits>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "ddp/core/error.hpp"
@@ -96,6 +98,53 @@ TEST(ExactGradientSum, TheSumDoesNotDependOnTheOrderOfTheShards) {
     for (size_t i = 0; i < n; ++i) b[i] += g[i];
   }
   EXPECT_NE(f, b);
+}
+
+// Note [lanes] (nn/device.hpp): micro-shards added from several threads at
+// once, each on a lane of its own and op by op (params 0-1, then 2), fold into
+// the same sums as one lane adding all of them, and a lane that outgrows an
+// exponent is seen.
+TEST(ExactGradientSum, LanesAddingAtOnceGiveOneLanesSums) {
+  const std::vector<size_t> numels = {300, 7, 1000};
+  const size_t n = 1307;
+  const int k = 12;
+  test::OneRank one;
+  std::vector<float> alone(n), laned(n);
+  ExactGradientSum a(numels, k);
+  a.begin_step();
+  for (int s = 0; s < k; ++s) a.add(shard_grads(s, n, 1e-2).data());
+  a.begin_step();  // a second step: the first one's sums are gone
+  for (int s = 0; s < k; ++s) a.add(shard_grads(s, n, 1e-2).data());
+  ASSERT_EQ(a.finish(one, alone.data()), ExactGradientSum::Result::Done);
+
+  ExactGradientSum b(numels, k);
+  b.set_lanes(3);
+  ASSERT_EQ(b.lanes(), 3);
+  std::vector<std::vector<float>> g;
+  for (int s = 0; s < k; ++s) g.push_back(shard_grads(s, n, 1e-2));
+  for (int step = 0; step < 2; ++step) {
+    b.begin_step();
+    for (const auto& [first, count, offset] : {std::tuple<size_t, size_t, size_t>{0, 2, 0}, {2, 1, 307}}) {
+      std::vector<std::thread> lanes;
+      for (int lane = 0; lane < 3; ++lane)
+        lanes.emplace_back([&, lane, first = first, count = count, offset = offset] {
+          for (int s = lane; s < k; s += 3) b.add(lane, g[size_t(s)].data() + offset, first, count);
+        });
+      for (auto& t : lanes) t.join();
+      b.fold(first, count);
+    }
+  }
+  ASSERT_EQ(b.finish(one, laned.data()), ExactGradientSum::Result::Done);
+  EXPECT_EQ(laned, alone);
+
+  // Lane 2's shard outgrows the exponents: the step is redone.
+  b.begin_step();
+  std::vector<float> big = g[0];
+  big[1000] = 1e30f;
+  b.add(2, big.data(), 0, 3);
+  b.fold(0, 3);
+  EXPECT_EQ(b.finish(one, laned.data()), ExactGradientSum::Result::Redo);
+  EXPECT_THROW(b.add(3, g[0].data(), 0, 3), Error) << "there is no lane 3";
 }
 
 TEST(ExactGradientSum, AGradientThatOutgrowsItsExponentRedoesTheStepThenFits) {

@@ -72,10 +72,10 @@ TEST_P(Fused, MatchesUnfusedChain) {
   for (int threads : {1, 2, 3}) {
     ThreadPool pool(threads);
     cpu::ConvScratch<double> s;
-    std::vector<uint8_t> mask;
+    std::vector<uint8_t> mask(size_t(cpu::conv_relu_mask_bytes(g)));
     std::vector<double> y(n.pooled), dx(n.x, 99.0), dw(n.w, 0.0), db(size_t(g.out_c), 0.0);
-    cpu::conv2d_relu_avgpool2_forward(g, x.data(), w.data(), b.data(), y.data(), mask, s, &pool);
-    cpu::conv2d_relu_avgpool2_backward(g, x.data(), w.data(), mask, dy.data(), dw.data(), db.data(),
+    cpu::conv2d_relu_avgpool2_forward(g, x.data(), w.data(), b.data(), y.data(), mask.data(), s, &pool);
+    cpu::conv2d_relu_avgpool2_backward(g, x.data(), w.data(), mask.data(), dy.data(), dw.data(), db.data(),
                                        dx.data(), s, &pool);
     EXPECT_LT(max_rel_err(y, want.y), 1e-10) << threads << " threads";
     EXPECT_LT(max_rel_err(dx, want.dx), 1e-10) << threads << " threads";
@@ -92,15 +92,15 @@ TEST_P(Fused, BackwardMatchesFiniteDifferences) {
   auto x = random_vec(n.x, 5), w = random_vec(n.w, 6), b = random_vec(size_t(g.out_c), 7);
   const auto r = random_vec(n.pooled, 8);
   cpu::ConvScratch<double> s;
-  std::vector<uint8_t> mask;
+  std::vector<uint8_t> mask(size_t(cpu::conv_relu_mask_bytes(g)));
   std::vector<double> y(n.pooled);
   auto loss = [&] {
-    cpu::conv2d_relu_avgpool2_forward(g, x.data(), w.data(), b.data(), y.data(), mask, s);
+    cpu::conv2d_relu_avgpool2_forward(g, x.data(), w.data(), b.data(), y.data(), mask.data(), s);
     return test::dot(r, y);
   };
   loss();
   std::vector<double> dx(n.x), dw(n.w, 0.0), db(size_t(g.out_c), 0.0);
-  cpu::conv2d_relu_avgpool2_backward(g, x.data(), w.data(), mask, r.data(), dw.data(), db.data(),
+  cpu::conv2d_relu_avgpool2_backward(g, x.data(), w.data(), mask.data(), r.data(), dw.data(), db.data(),
                                      dx.data(), s);
   EXPECT_LT(max_rel_err(dx, test::numeric_grad(x, loss)), 1e-5) << "dx";
   EXPECT_LT(max_rel_err(dw, test::numeric_grad(w, loss)), 1e-5) << "dw";
@@ -125,10 +125,10 @@ TEST(Fused, ManyChunksAndThreadsMatchUnfused) {
   const Unfused want = unfused(g, x, w, b, dy);
   ThreadPool pool(2);
   cpu::ConvScratch<double> s;
-  std::vector<uint8_t> mask;
+  std::vector<uint8_t> mask(size_t(cpu::conv_relu_mask_bytes(g)));
   std::vector<double> y(n.pooled), dx(n.x), dw(n.w, 0.0), db(size_t(g.out_c), 0.0);
-  cpu::conv2d_relu_avgpool2_forward(g, x.data(), w.data(), b.data(), y.data(), mask, s, &pool);
-  cpu::conv2d_relu_avgpool2_backward(g, x.data(), w.data(), mask, dy.data(), dw.data(), db.data(),
+  cpu::conv2d_relu_avgpool2_forward(g, x.data(), w.data(), b.data(), y.data(), mask.data(), s, &pool);
+  cpu::conv2d_relu_avgpool2_backward(g, x.data(), w.data(), mask.data(), dy.data(), dw.data(), db.data(),
                                      dx.data(), s, &pool);
   EXPECT_LT(max_rel_err(y, want.y), 1e-10);
   EXPECT_LT(max_rel_err(dx, want.dx), 1e-10);
@@ -142,10 +142,10 @@ TEST(Fused, FloatLayerMatchesDoubleKernel) {
   const auto xd = random_vec(n.x, 13), wd = random_vec(n.w, 14, 0.3),
              bd = random_vec(20, 15, 0.1), dyd = random_vec(n.pooled, 16);
   cpu::ConvScratch<double> s;
-  std::vector<uint8_t> mask;
+  std::vector<uint8_t> mask(size_t(cpu::conv_relu_mask_bytes(g)));
   std::vector<double> yd(n.pooled), dwd(n.w, 0.0), dbd(20, 0.0);
-  cpu::conv2d_relu_avgpool2_forward(g, xd.data(), wd.data(), bd.data(), yd.data(), mask, s);
-  cpu::conv2d_relu_avgpool2_backward(g, xd.data(), wd.data(), mask, dyd.data(), dwd.data(),
+  cpu::conv2d_relu_avgpool2_forward(g, xd.data(), wd.data(), bd.data(), yd.data(), mask.data(), s);
+  cpu::conv2d_relu_avgpool2_backward(g, xd.data(), wd.data(), mask.data(), dyd.data(), dwd.data(),
                                      dbd.data(), static_cast<double*>(nullptr), s);
 
   GraphBuilder gb("m", {1, 28, 28}, false);

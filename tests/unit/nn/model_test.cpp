@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -437,63 +438,101 @@ TEST(Model, FusedLenetMatchesUnfusedOps) {
   EXPECT_LT(test::scaled_err(gf, gu), 1e-5);
 }
 
-// Note [micro-shards] (device.hpp): a batch run op by op in micro-shards is
-// the same computation as the whole batch (BatchNorm over all of it), its
-// gradients handed over shard by shard and adding up to the batch's.
-TEST(Model, MicroShardsComputeWhatTheWholeBatchDoes) {
-  constexpr int kBatch = 12, kShard = 3, kClasses = 5;
-  CpuModel whole(tiny_resnet(), 8), sharded(tiny_resnet(), 8);
-  const Batch b = random_batch(kBatch, 9, 128, kClasses);
-  std::vector<float> d(size_t(kBatch) * kClasses);
-
-  whole->zero_grads();
-  const float* lw = whole->forward(b.x.data(), kBatch);
-  const std::vector<float> logits(lw, lw + d.size());
-  softmax_cross_entropy(lw, b.y.data(), kBatch, kClasses, d.data());
-  whole->backward(d.data(), kBatch);
-
-  sharded->zero_grads();
-  const float* ls = sharded->forward(b.x.data(), kBatch, Mode::Train, kShard);
-  EXPECT_LT(test::scaled_err(std::vector<float>(ls, ls + d.size()), std::vector<double>(logits.begin(), logits.end())),
-            1e-6);
-  const Graph& g = sharded->graph();
-  std::vector<double> taken(g.num_params, 0.0);
-  std::vector<int> calls(g.params.size(), 0);
-  sharded->backward_shards(d.data(), kBatch, [&](size_t first, size_t count) {
-    for (size_t p = first; p < first + count; ++p) {
-      ++calls[p];
-      const TensorInfo& t = g.params[p];
-      for (size_t i = t.offset; i < t.offset + t.numel; ++i) taken[i] += sharded->grads()[i];
+// What backward_shards hands over: each param's micro-shard gradients as
+// they came (to compare bit for bit), their sum, and the calls.
+struct Taken final : ShardGradients {
+  Taken(const Graph& g, int lanes) : g(g), shards(g.params.size()), sum(g.num_params, 0.0),
+                                     folds(g.params.size(), 0), lane_calls(size_t(lanes), 0) {}
+  void take(int lane, const float* p, size_t first, size_t count) override {
+    std::lock_guard<std::mutex> lock(mu);
+    ++lane_calls.at(size_t(lane));
+    const size_t base = g.params[first].offset;
+    for (size_t q = first; q < first + count; ++q) {
+      const TensorInfo& t = g.params[q];
+      EXPECT_EQ(folds[q], 0) << t.name << " taken after its op was done";
+      shards[q].emplace_back(p + (t.offset - base), p + (t.offset - base) + t.numel);
+      for (size_t i = 0; i < t.numel; ++i) sum[t.offset + i] += p[t.offset - base + i];
     }
-    // Only this op's gradients are there: the others' were taken and zeroed.
-    double others = 0;
-    for (size_t i = 0; i < g.num_params; ++i)
-      if (i < g.params[first].offset || i >= g.params[first + count - 1].offset + g.params[first + count - 1].numel)
-        others += std::fabs(sharded->grads()[i]);
-    EXPECT_EQ(others, 0.0);
-  });
-  for (size_t p = 0; p < g.params.size(); ++p) EXPECT_EQ(calls[p], kBatch / kShard) << g.params[p].name;
-  EXPECT_EQ(*std::max_element(sharded->grads(), sharded->grads() + g.num_params), 0.0f);
-  EXPECT_EQ(*std::min_element(sharded->grads(), sharded->grads() + g.num_params), 0.0f);
-  const std::vector<float> gw(whole->grads(), whole->grads() + g.num_params);
-  EXPECT_LT(test::scaled_err(gw, taken), 1e-5);
-  // BatchNorm's running statistics moved once, by the whole batch's.
-  EXPECT_EQ(sharded->counters(), whole->counters());
-  const std::vector<float> bs(sharded->buffers(), sharded->buffers() + g.num_buffers);
-  EXPECT_LT(test::scaled_err(bs, std::vector<double>(whole->buffers(), whole->buffers() + g.num_buffers)), 1e-6);
-}
-
-TEST(Model, MicroShardsAreRefusedWhereAnOpKeepsItsForwardsState) {
-  CpuModel m = cpu_model("lenet");
-  const Batch b = random_batch(8, 1);
-  try {
-    m->forward(b.x.data(), 8, Mode::Train, 4);
-    FAIL() << "LeNet's fused conv-relu-pool ran in micro-shards";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("op conv1 keeps its forward's ReLU mask for backward"), std::string::npos)
-        << e.what();
   }
-  EXPECT_THROW(m->forward(b.x.data(), 8, Mode::Train, 3), Error) << "3 does not divide 8";
+  void taken(size_t first, size_t count) override {
+    for (size_t q = first; q < first + count; ++q) ++folds[q];
+  }
+  const Graph& g;
+  std::mutex mu;
+  std::vector<std::vector<std::vector<float>>> shards;  // per param, in the order taken
+  std::vector<double> sum;
+  std::vector<int> folds, lane_calls;
+};
+
+// Note [micro-shards], Note [lanes] (device.hpp): a batch run op by op in
+// micro-shards, on one lane or several, is the same computation as the whole
+// batch (BatchNorm over all of it), and each micro-shard's logits and
+// gradients are the same bits whichever lane ran it and however many there
+// are (LeNet's fused conv-relu-pool keeps its ReLU mask per image for that).
+TEST(Model, MicroShardsOnLanesComputeWhatTheWholeBatchDoes) {
+  constexpr int kBatch = 12, kShard = 3, kShards = kBatch / kShard, kEval = 11;
+  for (const bool resnet : {true, false}) {
+    const int classes = resnet ? 5 : 10;
+    const auto graph = [&] { return resnet ? tiny_resnet() : model_graph("lenet", {1, 28, 28}, 10); };
+    const Batch b = resnet ? random_batch(kBatch, 9, 128, classes) : random_batch(kBatch, 9);
+    std::vector<float> d(size_t(kBatch) * classes);
+    CpuModel whole(graph(), 8);
+    // Weights larger than LeNet's N(0, 0.01), so that every op's signal shows.
+    for (size_t i = 0; i < whole->num_params(); ++i) whole->params()[i] *= resnet ? 1.0f : 10.0f;
+    ModelState start;
+    whole->get_state(start);
+    const float* le = whole->forward(b.x.data(), kEval, Mode::Eval);
+    const std::vector<double> eval(le, le + size_t(kEval) * classes);
+    whole->zero_grads();
+    const float* lw = whole->forward(b.x.data(), kBatch);
+    const std::vector<double> logits(lw, lw + d.size());
+    softmax_cross_entropy(lw, b.y.data(), kBatch, classes, d.data());
+    whole->backward(d.data(), kBatch);
+    const std::vector<float> gw(whole->grads(), whole->grads() + whole->num_params());
+
+    std::vector<float> first_logits, first_eval;
+    std::vector<std::vector<std::vector<float>>> first_shards;
+    for (const int lanes : {1, 2, 3}) {
+      SCOPED_TRACE(std::string(resnet ? "tiny resnet, " : "lenet, ") + std::to_string(lanes) + " lanes");
+      CpuModel sharded(graph(), 8, lanes);
+      ASSERT_EQ(sharded.device->lanes(), lanes);
+      sharded->set_state(start);
+      const Graph& g = sharded->graph();
+      const float* lse = sharded->forward(b.x.data(), kEval, Mode::Eval, kShard);  // the last shard has 2
+      const std::vector<float> ev(lse, lse + eval.size());
+      EXPECT_LT(test::scaled_err(ev, eval), 1e-6);
+      EXPECT_THROW(sharded->forward(b.x.data(), kEval, Mode::Train, kShard), Error) << "3 does not divide 11";
+      sharded->zero_grads();
+      const float* ls = sharded->forward(b.x.data(), kBatch, Mode::Train, kShard);
+      const std::vector<float> lg(ls, ls + d.size());
+      EXPECT_LT(test::scaled_err(lg, logits), 1e-6);
+      Taken taken(g, lanes);
+      sharded->backward_shards(d.data(), kBatch, taken);
+      for (size_t p = 0; p < g.params.size(); ++p) {
+        EXPECT_EQ(taken.shards[p].size(), size_t(kShards)) << g.params[p].name;
+        EXPECT_EQ(taken.folds[p], 1) << g.params[p].name;
+        std::sort(taken.shards[p].begin(), taken.shards[p].end());
+      }
+      EXPECT_EQ(*std::max_element(sharded->grads(), sharded->grads() + g.num_params), 0.0f);
+      EXPECT_EQ(*std::min_element(sharded->grads(), sharded->grads() + g.num_params), 0.0f);
+      EXPECT_LT(test::scaled_err(gw, taken.sum), 1e-5);
+      if (lanes == 1) {
+        first_logits = lg;
+        first_eval = ev;
+        first_shards = taken.shards;
+      } else {
+        EXPECT_EQ(lg, first_logits) << "training logits are not one lane's bits";
+        EXPECT_EQ(ev, first_eval) << "evaluation logits are not one lane's bits";
+        for (size_t p = 0; p < g.params.size(); ++p)
+          EXPECT_EQ(taken.shards[p], first_shards[p]) << g.params[p].name << ": not one lane's bits";
+      }
+      // BatchNorm's running statistics moved once, by the whole batch's.
+      EXPECT_EQ(sharded->counters(), whole->counters());
+      if (g.num_buffers == 0) continue;
+      const std::vector<float> bs(sharded->buffers(), sharded->buffers() + g.num_buffers);
+      EXPECT_LT(test::scaled_err(bs, std::vector<double>(whole->buffers(), whole->buffers() + g.num_buffers)), 1e-6);
+    }
+  }
 }
 
 TEST(Model, BackwardNeedsATrainingForwardOfTheBatch) {
