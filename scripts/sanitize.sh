@@ -55,7 +55,7 @@ for kind in "${kinds[@]}"; do
     tsan)
       dir=$root/build-tsan
       configure "$dir" thread
-      build "$dir" test_data test_ddp mpi_test_ddp
+      build "$dir" test_data test_ddp test_nn mpi_test_ddp
       # OpenBLAS's own threads are not instrumented: one thread, so their
       # work is not taken for races on our buffers.
       export OPENBLAS_NUM_THREADS=1
@@ -64,6 +64,10 @@ for kind in "${kinds[@]}"; do
       # ones are single-threaded (and one of them is timed).
       GTEST_FILTER='Loader.*' ctest --test-dir "$dir" --output-on-failure -R '^unit_data$'
       ctest --test-dir "$dir" --output-on-failure -R '^(unit_ddp|mpi_ddp_np[24])$'
+      # --deterministic's lanes: micro-shards on the model's threads at once
+      # (Note [lanes] in nn/device.hpp), and the pool under the kernels.
+      GTEST_FILTER='Model.MicroShards*:Model.ResultsDoNotDependOnThreads:ThreadPool.*' \
+        ctest --test-dir "$dir" --output-on-failure -R '^unit_nn$'
       unset TSAN_OPTIONS OPENBLAS_NUM_THREADS
       ;;
     *)

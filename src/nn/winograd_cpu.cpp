@@ -46,6 +46,19 @@ namespace {
 // then leave the caches).
 constexpr int64_t kWinogradMinColumns = 512;
 
+// Tile columns (images x tiles) a whole call needs for Winograd to pay. Its
+// fixed costs grow with out_c x in_c, not with the batch: the weights'
+// transforms (forward; and backward's turned kernels and weight gradient)
+// and the packing of 16 weight matrices per chunk where im2col packs one of
+// 9/16 the size. Only the columns repay them. bench_nn (resnet18, 1 thread,
+// AVX-512 EPYC), a layer's forward + backward, Winograd / im2col: 512
+// channels on 4x4 (4 tiles an image) 2.1 at 32 columns, 1.4 at 64, 1.04 at
+// 128, 0.86 at 256, 0.75 at 512; 256 channels on 7x7 (16 tiles) 1.27 at 128,
+// 1.07 at 256, 0.97 at 512, 0.86 at 2048; 128 and 64 channels 0.66 to 0.76
+// from 392 columns up. --deterministic's micro-shards of 8 images are where
+// it matters.
+constexpr int64_t kWinogradMinCallColumns = 256;
+
 struct Tiles {
   int h, w, th, tw;  // image size; tiles down and across
   int per_image() const { return th * tw; }
@@ -374,9 +387,13 @@ void winograd_weight_grad(int batch, int C, int K, const Tiles& t, const T* x, c
 
 }  // namespace
 
-bool winograd_applies(const ConvGeom& g) {
+bool winograd_fits(const ConvGeom& g) {
   // A handful of input channels gives GEMMs too thin to gain (the stem: 1).
   return g.k == 3 && g.stride == 1 && g.pad == 1 && g.in_c >= 16 && g.out_c >= 16;
+}
+
+bool winograd_applies(const ConvGeom& g) {
+  return winograd_fits(g) && int64_t(g.batch) * tiles_of(g.in_h, g.in_w).per_image() >= kWinogradMinCallColumns;
 }
 
 template <typename T>

@@ -51,7 +51,10 @@ void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* 
 
 // 3x3 convolutions with stride 1 and padding 1 by Winograd's F(2x2, 3x3)
 // (Note [winograd] in winograd_cpu.cpp): conv2d_forward and conv2d_backward
-// take this path for the layers where winograd_applies, im2col's otherwise.
+// take this path for the layers where winograd_applies (the geometry fits
+// and the batch has enough tiles to repay the weights' transforms), im2col's
+// otherwise.
+bool winograd_fits(const ConvGeom& g);
 bool winograd_applies(const ConvGeom& g);
 template <typename T>
 void winograd_conv3x3_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, ConvScratch<T>& s,

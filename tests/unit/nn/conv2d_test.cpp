@@ -67,6 +67,11 @@ TEST_P(ConvGrad, ForwardMatchesDirectLoop) {
   cpu::ConvScratch<double> ws;
   cpu::conv2d_forward(g, x.data(), w.data(), b.data(), y.data(), ws);
   EXPECT_LT(max_rel_err(y, conv_direct(g, x, w, b)), 1e-12);
+  if (!cpu::winograd_fits(g)) return;
+  // Winograd's path, which conv2d_forward takes for such layers at batches
+  // with more tiles than these.
+  cpu::winograd_conv3x3_forward(g, x.data(), w.data(), b.data(), y.data(), ws);
+  EXPECT_LT(max_rel_err(y, conv_direct(g, x, w, b)), 1e-12) << "winograd";
 }
 
 // L = <r, conv(x; w, b)>; backward with dy = r must give dL/dx, dL/dw, dL/db.
@@ -76,22 +81,33 @@ TEST_P(ConvGrad, BackwardMatchesFiniteDifferences) {
   auto x = random_vec(x_size(g), 4), w = random_vec(w_size(g), 5),
        b = random_vec(size_t(g.out_c), 6);
   const auto r = random_vec(y_size(g), 7);
-  cpu::ConvScratch<double> ws;
-  std::vector<double> y(y_size(g));
-  auto loss = [&] {
-    cpu::conv2d_forward(g, x.data(), w.data(), b.data(), y.data(), ws);
-    return test::dot(r, y);
-  };
-  std::vector<double> dx(x.size(), -7.0), dw(w.size(), 0.0), db(b.size(), 0.0);
-  cpu::conv2d_backward(g, x.data(), w.data(), r.data(), dw.data(), db.data(), dx.data(), ws);
+  // conv2d's dispatch, and for a layer Winograd fits its path alone (which
+  // conv2d takes at batches with more tiles than these).
+  for (const bool winograd : {false, true}) {
+    if (winograd && !cpu::winograd_fits(g)) continue;
+    cpu::ConvScratch<double> ws;
+    std::vector<double> y(y_size(g));
+    auto loss = [&] {
+      if (winograd)
+        cpu::winograd_conv3x3_forward(g, x.data(), w.data(), b.data(), y.data(), ws);
+      else
+        cpu::conv2d_forward(g, x.data(), w.data(), b.data(), y.data(), ws);
+      return test::dot(r, y);
+    };
+    std::vector<double> dx(x.size(), -7.0), dw(w.size(), 0.0), db(b.size(), 0.0);
+    if (winograd)
+      cpu::winograd_conv3x3_backward(g, x.data(), w.data(), r.data(), dw.data(), db.data(), dx.data(), ws);
+    else
+      cpu::conv2d_backward(g, x.data(), w.data(), r.data(), dw.data(), db.data(), dx.data(), ws);
 
-  // L is linear in each of x, w and b, so a wide step has no truncation
-  // error, and it keeps the forward's rounding (Winograd's transforms round
-  // more than a direct sum: 4e-14 of 33) small against the step.
-  const double h = 0.1;
-  EXPECT_LT(max_rel_err(dx, test::numeric_grad(x, loss, h)), 1e-6) << "dx";
-  EXPECT_LT(max_rel_err(dw, test::numeric_grad(w, loss, h)), 1e-6) << "dw";
-  EXPECT_LT(max_rel_err(db, test::numeric_grad(b, loss, h)), 1e-6) << "db";
+    // L is linear in each of x, w and b, so a wide step has no truncation
+    // error, and it keeps the forward's rounding (Winograd's transforms round
+    // more than a direct sum: 4e-14 of 33) small against the step.
+    const double h = 0.1;
+    EXPECT_LT(max_rel_err(dx, test::numeric_grad(x, loss, h)), 1e-6) << "dx, winograd " << winograd;
+    EXPECT_LT(max_rel_err(dw, test::numeric_grad(w, loss, h)), 1e-6) << "dw, winograd " << winograd;
+    EXPECT_LT(max_rel_err(db, test::numeric_grad(b, loss, h)), 1e-6) << "db, winograd " << winograd;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -102,18 +118,27 @@ INSTANTIATE_TEST_SUITE_P(
                       ConvCase{1, 2, 5, 19, 3, 3, 1, 1},    // rows wider than a vector
                       ConvCase{2, 2, 7, 7, 3, 3, 2, 1},     // stride 2
                       ConvCase{1, 1, 4, 4, 2, 1, 1, 0},     // 1x1 kernel
-                      // Winograd's path (winograd_applies): odd and even
+                      // Winograd's form (winograd_fits): odd and even
                       // sides, the last tile half outside; one pixel wide.
                       ConvCase{2, 16, 7, 5, 16, 3, 1, 1}, ConvCase{1, 17, 4, 4, 20, 3, 1, 1},
                       ConvCase{2, 16, 3, 1, 18, 3, 1, 1}));
 
 TEST(Conv2d, WinogradTakesTheLayersItShould) {
-  EXPECT_TRUE(cpu::winograd_applies(conv_geom(2, 16, 7, 5, 16, 3, 1, 1)));
-  EXPECT_TRUE(cpu::winograd_applies(conv_geom(2, 512, 4, 4, 512, 3, 1, 1)));   // resnet18's last block
-  EXPECT_FALSE(cpu::winograd_applies(conv_geom(2, 1, 28, 28, 64, 3, 1, 1)));   // its stem
-  EXPECT_FALSE(cpu::winograd_applies(conv_geom(2, 64, 28, 28, 128, 3, 2, 1)));  // stride 2
-  EXPECT_FALSE(cpu::winograd_applies(conv_geom(2, 64, 28, 28, 128, 1, 1, 0)));  // 1x1
-  EXPECT_FALSE(cpu::winograd_applies(conv_geom(2, 16, 13, 13, 50, 5, 1, 0)));   // 5x5
+  EXPECT_TRUE(cpu::winograd_fits(conv_geom(2, 16, 7, 5, 16, 3, 1, 1)));
+  EXPECT_TRUE(cpu::winograd_fits(conv_geom(2, 512, 4, 4, 512, 3, 1, 1)));   // resnet18's last block
+  EXPECT_FALSE(cpu::winograd_fits(conv_geom(2, 1, 28, 28, 64, 3, 1, 1)));   // its stem
+  EXPECT_FALSE(cpu::winograd_fits(conv_geom(2, 64, 28, 28, 128, 3, 2, 1)));  // stride 2
+  EXPECT_FALSE(cpu::winograd_fits(conv_geom(2, 64, 28, 28, 128, 1, 1, 0)));  // 1x1
+  EXPECT_FALSE(cpu::winograd_fits(conv_geom(2, 16, 13, 13, 50, 5, 1, 0)));   // 5x5
+  EXPECT_FALSE(cpu::winograd_applies(conv_geom(256, 1, 28, 28, 64, 3, 1, 1)));  // the stem at any batch
+  // Enough tiles to repay the weights' transforms: the last block's 4x4
+  // images have 4 each, 64 images' worth; its 7x7 ones 16 each.
+  EXPECT_FALSE(cpu::winograd_applies(conv_geom(8, 512, 4, 4, 512, 3, 1, 1)));
+  EXPECT_FALSE(cpu::winograd_applies(conv_geom(63, 512, 4, 4, 512, 3, 1, 1)));
+  EXPECT_TRUE(cpu::winograd_applies(conv_geom(64, 512, 4, 4, 512, 3, 1, 1)));
+  EXPECT_FALSE(cpu::winograd_applies(conv_geom(8, 256, 7, 7, 256, 3, 1, 1)));
+  EXPECT_TRUE(cpu::winograd_applies(conv_geom(16, 256, 7, 7, 256, 3, 1, 1)));
+  EXPECT_TRUE(cpu::winograd_applies(conv_geom(2, 64, 28, 28, 64, 3, 1, 1)));  // 196 tiles an image
 }
 
 // Winograd's chunks (images side by side in the 16 GEMMs) and threads give
@@ -129,10 +154,10 @@ TEST(Conv2d, WinogradChunksThreadsAndFloat) {
   const size_t xi = x_size(one), yi = y_size(one);
   std::vector<double> y1(y_size(g)), dx1(x.size()), dw1(w.size(), 0.0), db1(b.size(), 0.0);
   cpu::ConvScratch<double> ws1;
-  for (int n = 0; n < g.batch; ++n) {
-    cpu::conv2d_forward(one, x.data() + n * xi, w.data(), b.data(), y1.data() + n * yi, ws1);
-    cpu::conv2d_backward(one, x.data() + n * xi, w.data(), dy.data() + n * yi, dw1.data(), db1.data(),
-                         dx1.data() + n * xi, ws1);
+  for (int n = 0; n < g.batch; ++n) {  // each image alone on Winograd's path
+    cpu::winograd_conv3x3_forward(one, x.data() + n * xi, w.data(), b.data(), y1.data() + n * yi, ws1);
+    cpu::winograd_conv3x3_backward(one, x.data() + n * xi, w.data(), dy.data() + n * yi, dw1.data(), db1.data(),
+                                   dx1.data() + n * xi, ws1);
   }
   EXPECT_LT(max_rel_err(y1, conv_direct(g, x, w, b)), 1e-10);
   for (int threads : {1, 3}) {
