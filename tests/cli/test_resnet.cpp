@@ -49,14 +49,18 @@ class Resnet : public ::testing::Test {
 // statistics; without it each rank normalises over its quarter. One step:
 // ResNet-18 amplifies rounding fast (other OpenBLAS kernels alone move its
 // parameters by 1e-5 of their scale in a step, 5e-4 in two), so one step is
-// the horizon where 1e-4 tells the semantics from the rounding with margin.
+// the horizon where rounding stays far below the semantics' 1e-2. The
+// per-rank batch also picks a 3x3 layer's algorithm (winograd_applies: 32
+// images of the 7x7 layers take Winograd, 8 take im2col), which rounds
+// differently: 1.9e-4 of the parameters' scale with OpenBLAS's Haswell
+// kernels. 1e-3 keeps a tenfold margin on both sides.
 TEST_F(Resnet, SyncBatchNormAtFourRanksTakesTheOneRankStep) {
   const std::string step = " --train-limit 32 --batch-size 32 --epochs 1 --lr 0.1 --seed 1";
   const auto one = train(1, step + " --sync-bn", "np1_sync");
   const auto four = train(4, step + " --sync-bn", "np4_sync");
   const Diff sync = differ(one, four);
-  EXPECT_LE(sync.params, 1e-4);
-  EXPECT_LE(sync.buffers, 1e-4);
+  EXPECT_LE(sync.params, 1e-3);
+  EXPECT_LE(sync.buffers, 1e-3);
   EXPECT_EQ(one.find("1.num_batches_tracked")->ints, four.find("1.num_batches_tracked")->ints);
   // Without --sync-bn the ranks' statistics are their own: the test can fail.
   const Diff local = differ(one, train(4, step, "np4_local"));
