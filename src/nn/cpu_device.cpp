@@ -67,12 +67,15 @@ cpu::ConvGeom conv_geom(const Op& op, int batch) {
   return g;
 }
 
-// Note [lanes] (device.hpp): a call on a lane runs single-threaded with that
-// lane's scratch; a call off the lanes (never at the same time as lanes) runs
-// on the pool with lane 0's.
+// Note [lanes] (device.hpp): a call on a lane runs single-threaded; a call
+// off the lanes runs on the pool.
+ThreadPool* threads_for(const OpArgs& a, ThreadPool* pool) { return a.lane >= 0 ? nullptr : pool; }
+
+// A conv's scratch per lane; a call off the lanes (never at the same time as
+// lanes) uses lane 0's.
 struct LaneScratch {
   explicit LaneScratch(ThreadPool* pool) : pool(pool), scratch(size_t(pool->size())) {}
-  ThreadPool* threads(const OpArgs& a) const { return a.lane >= 0 ? nullptr : pool; }
+  ThreadPool* threads(const OpArgs& a) const { return threads_for(a, pool); }
   cpu::ConvScratch<float>& of(const OpArgs& a) { return scratch[size_t(std::max(a.lane, 0))]; }
   ThreadPool* pool;
   std::vector<cpu::ConvScratch<float>> scratch;
@@ -294,13 +297,11 @@ class Flatten final : public Kernel {
 class Linear final : public Kernel {
  public:
   Linear(const Op& op, ThreadPool* pool) : in_(int(op.in.numel())), out_(op.out_c), pool_(pool) {}
-  // On a lane (Note [lanes]), single-threaded.
   void forward(const OpArgs& a) override {
-    cpu::linear_forward(a.batch, in_, out_, a.x[0], a.p[0], a.p[1], a.y, a.lane >= 0 ? nullptr : pool_);
+    cpu::linear_forward(a.batch, in_, out_, a.x[0], a.p[0], a.p[1], a.y, threads_for(a, pool_));
   }
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
-    cpu::linear_backward(a.batch, in_, out_, a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0],
-                         a.lane >= 0 ? nullptr : pool_);
+    cpu::linear_backward(a.batch, in_, out_, a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], threads_for(a, pool_));
   }
 
  private:

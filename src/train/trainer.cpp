@@ -342,7 +342,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   } else {
     // --deterministic runs each micro-shard on one of the threads (Note
     // [lanes] in nn/device.hpp), so every thread is used at any world size.
-    backend = make_cpu_backend(watchdog ? watchdog->watch(std::move(host_comm)) : std::move(host_comm), 0);
+    backend = make_cpu_backend(watchdog ? watchdog->watch(std::move(host_comm)) : std::move(host_comm));
   }
   DDP_CHECK(backend, "--device ", place.device, ": not in this build");
   if (cfg.grad_compression != "none" && place.device == "cuda")
