@@ -1,5 +1,6 @@
-// What every backend shares: the words for a wire format, and all-reduces
-// that travel in 16 bits refused where a backend has none.
+// What every backend shares: the words for a wire format, all-reduces that
+// travel in 16 bits refused where a backend has none, and the integer
+// all-reduce as work done at once where a backend has no asynchronous one.
 #include "ddp/comm/communicator.hpp"
 
 #include <cstdint>
@@ -27,6 +28,21 @@ std::shared_ptr<Work> Communicator::allreduce_compressed_async(float* data, size
                                                                std::string what) {
   if (wire == Wire::F32) return allreduce_async(data, count, op, std::move(what));
   DDP_FAIL(what, ": --grad-compression ", wire_name(wire), " is not available on the ", backend(), " backend");
+}
+
+namespace {
+
+class DoneAtOnce final : public Work {
+ public:
+  void wait() override {}
+  bool done() override { return true; }
+};
+
+}  // namespace
+
+std::shared_ptr<Work> Communicator::allreduce_int64_async(int64_t* data, size_t count, std::string what) {
+  allreduce_int64(data, count, what);
+  return std::make_shared<DoneAtOnce>();
 }
 
 }  // namespace ddp::comm

@@ -56,7 +56,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // MPI counts are int; larger buffers go in pieces.
-constexpr size_t kMaxFloatsPerCall = size_t(1) << 30;
+constexpr size_t kMaxElementsPerCall = size_t(1) << 30;
 // Broadcasts are staged (Note [abandoned requests]) in pieces of this size, so
 // the staging copy stays small next to the parameters it moves.
 constexpr size_t kBroadcastChunkBytes = size_t(64) << 20;
@@ -100,6 +100,10 @@ class MpiWork final : public Work {
   MpiWork(std::string what, float* data, size_t count, ReduceOp op, Wire wire,
           std::chrono::milliseconds timeout)
       : what_(std::move(what)), data_(data), count_(count), op_(op), wire_(wire), timeout_(bounded(timeout)) {}
+  // A sum of int64 values (--deterministic's fixed-point sums).
+  MpiWork(std::string what, int64_t* ints, size_t count, std::chrono::milliseconds timeout)
+      : what_(std::move(what)), data_(nullptr), ints_(ints), count_(count), op_(ReduceOp::Sum), wire_(Wire::F32),
+        timeout_(bounded(timeout)) {}
 
   void wait() override {
     std::unique_lock<std::mutex> lk(mu_);
@@ -128,9 +132,13 @@ class MpiWork final : public Work {
     return finished_at_;
   }
 
-  std::string describe() const { return allreduce_label(what_, count_, wire_); }
+  std::string describe() const {
+    if (ints_) return detail::concat(what_, " (", format_bytes(count_ * sizeof(int64_t)), " as int64)");
+    return allreduce_label(what_, count_, wire_);
+  }
 
   float* data() const { return data_; }
+  int64_t* ints() const { return ints_; }
   size_t count() const { return count_; }
   ReduceOp op() const { return op_; }
   Wire wire() const { return wire_; }
@@ -138,6 +146,7 @@ class MpiWork final : public Work {
  private:
   const std::string what_;
   float* const data_;
+  int64_t* const ints_ = nullptr;
   const size_t count_;
   const ReduceOp op_;
   const Wire wire_;
@@ -215,12 +224,20 @@ class MpiCommunicator final : public Communicator {
       w->finish("");
       return w;
     }
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      DDP_CHECK(!stop_.load(), w->describe(), ": the communicator is shutting down");
-      queue_.push_back(w);
+    enqueue(w);
+    return w;
+  }
+
+  // On the communication thread as the float all-reduces, in issue order
+  // with them: --deterministic's sums travel while backward computes.
+  std::shared_ptr<Work> allreduce_int64_async(int64_t* data, size_t count, std::string what) override {
+    auto w = std::make_shared<MpiWork>(std::move(what), data, count, timeout_);
+    DDP_CHECK(data != nullptr || count == 0, w->describe(), ": null buffer");
+    if (size_ == 1 || count == 0) {
+      w->finish("");
+      return w;
     }
-    cv_.notify_one();
+    enqueue(w);
     return w;
   }
 
@@ -316,6 +333,16 @@ class MpiCommunicator final : public Communicator {
     std::vector<char> buffer;
   };
 
+  // Hands w to the communication thread.
+  void enqueue(const std::shared_ptr<MpiWork>& w) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      DDP_CHECK(!stop_.load(), w->describe(), ": the communicator is shutting down");
+      queue_.push_back(w);
+    }
+    cv_.notify_one();
+  }
+
   static void check(int rc, const std::string& desc) {
     if (rc != MPI_SUCCESS) DDP_FAIL(desc, " failed: ", mpi_error_string(rc));
   }
@@ -379,6 +406,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::string execute(const MpiWork& w) {
+    if (w.ints()) return sum_in_place(w, w.ints(), sizeof(int64_t), MPI_INT64_T, MPI_SUM);
     if (w.wire() != Wire::F32) return execute_16(w);
     float* const data = w.data();
     if (std::string error = sum_in_place(w, data, sizeof(float), MPI_FLOAT, MPI_SUM); !error.empty()) return error;
@@ -394,8 +422,8 @@ class MpiCommunicator final : public Communicator {
   // pieces any MPI count holds, each polled to completion; "" or the error.
   std::string sum_in_place(const MpiWork& w, void* buf, size_t elem_bytes, MPI_Datatype type, MPI_Op op) {
     char* const bytes = static_cast<char*>(buf);
-    for (size_t off = 0; off < w.count(); off += kMaxFloatsPerCall) {
-      const int n = int(std::min(kMaxFloatsPerCall, w.count() - off));
+    for (size_t off = 0; off < w.count(); off += kMaxElementsPerCall) {
+      const int n = int(std::min(kMaxElementsPerCall, w.count() - off));
       MPI_Request req;
       int rc = MPI_Iallreduce(MPI_IN_PLACE, bytes + off * elem_bytes, n, type, op, async_comm_, &req);
       if (rc != MPI_SUCCESS)

@@ -279,10 +279,7 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
     DDP_CHECK(data != nullptr || count == 0, desc, ": null buffer");
     state_->check_usable(desc);
     if (count == 0) return std::make_shared<DoneWork>();
-    auto w = std::make_shared<NcclWork>(state_, pool_, ctx_.compute(), desc);
-    // Note [device all-reduce order]: after what compute has been given so far.
-    DDP_CUDA_CHECK(cudaEventRecord(w->ready(), ctx_.compute()));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(ctx_.comm(), w->ready(), 0));
+    auto w = ordered_work(desc);
     uint16_t* buf = nullptr;
     if (half) {
       DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf), count * sizeof(uint16_t), ctx_.comm()));
@@ -290,24 +287,33 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
       to_16_kernel<<<cast_grid(count), kCastThreads, 0, ctx_.comm()>>>(data, buf, count, pre, bf16);
       DDP_CUDA_CHECK_LAUNCH(to_16_kernel);
     }
-    try {
+    issue(desc, [&] {
       if (half)
         DDP_NCCL_CHECK(ncclAllReduce(buf, buf, count, bf16 ? ncclBfloat16 : ncclFloat16, ncclSum, state_->comm,
                                      ctx_.comm()));
       else
         DDP_NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat32, op == ReduceOp::Avg ? ncclAvg : ncclSum,
                                      state_->comm, ctx_.comm()));
-    } catch (const std::exception& e) {
-      state_->fail(detail::concat(desc, " failed (nccl): ", e.what()));
-    }
-    // The done event must follow the collective on the stream, so NCCL must
-    // have put it there first (Note [non-blocking nccl]).
-    state_->wait_in_progress(desc, timeout());
+    });
     if (half) {
       from_16_kernel<<<cast_grid(count), kCastThreads, 0, ctx_.comm()>>>(buf, data, count, bf16);
       DDP_CUDA_CHECK_LAUNCH(from_16_kernel);
       DDP_CUDA_CHECK(cudaFreeAsync(buf, ctx_.comm()));
     }
+    DDP_CUDA_CHECK(cudaEventRecord(w->done_event(), ctx_.comm()));
+    return w;
+  }
+
+  // --deterministic's integer sums: exact whatever order NCCL adds in.
+  std::shared_ptr<Work> allreduce_int64_async(int64_t* data, size_t count, std::string what) override {
+    const std::string desc = detail::concat(what, " (", format_bytes(count * sizeof(int64_t)), " as int64)");
+    DDP_CHECK(data != nullptr || count == 0, desc, ": null buffer");
+    state_->check_usable(desc);
+    if (count == 0) return std::make_shared<DoneWork>();
+    auto w = ordered_work(desc);
+    issue(desc, [&] {
+      DDP_NCCL_CHECK(ncclAllReduce(data, data, count, ncclInt64, ncclSum, state_->comm, ctx_.comm()));
+    });
     DDP_CUDA_CHECK(cudaEventRecord(w->done_event(), ctx_.comm()));
     return w;
   }
@@ -330,6 +336,28 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
   }
 
  private:
+  // A collective's Work, the comm stream ordered after what compute has been
+  // given so far (Note [device all-reduce order]).
+  std::shared_ptr<NcclWork> ordered_work(const std::string& desc) {
+    auto w = std::make_shared<NcclWork>(state_, pool_, ctx_.compute(), desc);
+    DDP_CUDA_CHECK(cudaEventRecord(w->ready(), ctx_.compute()));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(ctx_.comm(), w->ready(), 0));
+    return w;
+  }
+
+  // Runs the NCCL call(s) of `nccl` (a failure breaks the communicator), then
+  // waits until NCCL has put them on the comm stream: a done event recorded
+  // after must follow the collective (Note [non-blocking nccl]).
+  template <typename F>
+  void issue(const std::string& desc, F&& nccl) {
+    try {
+      nccl();
+    } catch (const std::exception& e) {
+      state_->fail(detail::concat(desc, " failed (nccl): ", e.what()));
+    }
+    state_->wait_in_progress(desc, timeout());
+  }
+
   cuda::Context& ctx_;
   int rank_ = 0, size_ = 1;
   std::shared_ptr<NcclState> state_;

@@ -228,6 +228,22 @@ class StagedMpiCommunicator final : public cuda_util::HostCollectives {
     return std::make_shared<StagedWork>(shared_, job, ctx_.compute());
   }
 
+  // --deterministic's integer sums: through host memory on the caller's
+  // thread, by its MPI communicator, done when this returns (one per step;
+  // the step has nothing left to overlap it with).
+  std::shared_ptr<Work> allreduce_int64_async(int64_t* data, size_t count, std::string what) override {
+    const std::string desc = detail::concat(what, " (", format_bytes(count * sizeof(int64_t)), " as int64)");
+    DDP_CHECK(data != nullptr || count == 0, desc, ": null buffer");
+    if (size_ == 1 || count == 0) return std::make_shared<DoneWork>();
+    std::vector<int64_t> h(count);
+    DDP_CUDA_CHECK(cudaMemcpyAsync(h.data(), data, count * sizeof(int64_t), cudaMemcpyDeviceToHost, ctx_.compute()));
+    synchronize(ctx_.compute(), desc + ": the copy to host");
+    host().allreduce_int64(h.data(), count, what);
+    // From pageable memory: returns once h is staged, so h may go.
+    DDP_CUDA_CHECK(cudaMemcpyAsync(data, h.data(), count * sizeof(int64_t), cudaMemcpyHostToDevice, ctx_.compute()));
+    return std::make_shared<DoneWork>();
+  }
+
   void synchronize(cudaStream_t stream, const std::string& what) override {
     const milliseconds limit = timeout();
     if (!stream_done(stream, Clock::now() + bounded(limit), kPollSleep))

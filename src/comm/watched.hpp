@@ -191,6 +191,15 @@ class Watched : public Base {
     Blocking b(*this, "all-reduce", what, format_bytes(count * sizeof(int64_t)));
     inner_->allreduce_int64(data, count, what);
   }
+  std::shared_ptr<Work> allreduce_int64_async(int64_t* data, size_t count, std::string what) override {
+    const uint64_t seq = enter("all-reduce", what, format_bytes(count * sizeof(int64_t)));
+    std::shared_ptr<Work> w;
+    {
+      Tracker::Nested inside;
+      w = inner_->allreduce_int64_async(data, count, std::move(what));
+    }
+    return watched(seq, std::move(w));
+  }
 
  protected:
   // A blocking collective, entered for the scope's life.

@@ -8,7 +8,8 @@
 #include <limits>
 
 #include "ddp/core/error.hpp"
-#include "ddp/nn/device.hpp"  // sum_in_shard_order
+#include "ddp/ddp/fixed_point.hpp"  // to_fixed, from_fixed: the GPU's arithmetic too
+#include "ddp/nn/device.hpp"        // sum_in_shard_order
 
 namespace ddp {
 
@@ -34,15 +35,15 @@ double quantize_add(const float* g, size_t n, int exponent, int limit_bits, int6
     const float a = std::fabs(g[i]);
     finite &= std::isfinite(a);
     max = std::max(max, a);
-    const double v = double(g[i]) * scale;  // exact: a power of two, far from double's range ends
-    if (std::fabs(v) < limit) acc[i] += static_cast<int64_t>(std::nearbyint(v));
+    int64_t q;
+    if (fixed_point::to_fixed(g[i], scale, limit, &q)) acc[i] += q;
   }
   return finite ? double(max) : std::numeric_limits<double>::infinity();
 }
 
 void dequantize(const int64_t* acc, size_t n, int exponent, float* g) {
-  const double scale = std::ldexp(1.0, -exponent);
-  for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>(double(acc[i]) * scale);
+  const double inv_scale = std::ldexp(1.0, -exponent);
+  for (size_t i = 0; i < n; ++i) g[i] = fixed_point::from_fixed(acc[i], inv_scale);
 }
 
 void sum_shards_in_order(comm::Communicator& comm, const double* per_shard, int shards, size_t n, double* out,
@@ -64,8 +65,6 @@ ExactGradientSum::ExactGradientSum(std::vector<size_t> param_numels, int shards)
   // Before any step: gradients below 2^kHeadroomBits in magnitude (a redo
   // otherwise).
   exponents_.assign(numels_.size(), limit_bits_ - kHeadroomBits);
-  acc_.assign(total_, 0);
-  max_.assign(numels_.size(), 0.0);
 }
 
 void ExactGradientSum::set_exponents(const std::vector<int64_t>& e) {
@@ -77,7 +76,46 @@ void ExactGradientSum::set_exponents(const std::vector<int64_t>& e) {
   exponents_ = e;
 }
 
-void ExactGradientSum::begin_step() {
+void ExactGradientSum::add(const float* grads) { add(grads, 0, numels_.size()); }
+
+void ExactGradientSum::add(const float* grads, size_t first, size_t count) {
+  DDP_CHECK(first + count <= numels_.size(), "--deterministic: parameters ", first, " .. ", first + count,
+            " of ", numels_.size());
+  add(0, grads + offsets_[first], first, count);
+}
+
+void ExactGradientSum::check_add(int lane, int lanes, size_t first, size_t count) const {
+  DDP_CHECK(lane >= 0 && lane < lanes && first + count <= numels_.size(), "--deterministic: lane ", lane, " of ",
+            lanes, " adds parameters ", first, " .. ", first + count, " of ", numels_.size());
+}
+
+void ExactGradientSum::ready(comm::Communicator& comm, size_t first, size_t count) {
+  DDP_CHECK(first + count <= numels_.size(), "--deterministic: parameters ", first, " .. ", first + count,
+            " of ", numels_.size());
+  if (count > 0) start_reduce(comm, first, count);
+}
+
+HostExactGradientSum::HostExactGradientSum(std::vector<size_t> param_numels, int shards)
+    : ExactGradientSum(std::move(param_numels), shards) {
+  acc_.assign(total_, 0);
+  max_.assign(numels_.size(), 0.0);
+  started_.assign(numels_.size(), 0);
+}
+
+HostExactGradientSum::~HostExactGradientSum() {
+  // An error left sums in flight: the communicator writes into acc_ whenever
+  // MPI moves them (Note [abandoned requests], mpi_communicator.cpp), so its
+  // memory outlives this object, on purpose, for the little that is left of
+  // the job.
+  for (const auto& w : inflight_)
+    if (!w->done()) {
+      new std::vector<int64_t>(std::move(acc_));
+      return;
+    }
+}
+
+void HostExactGradientSum::clear_sums() {
+  drop_reduces();  // nothing may write into acc_ from here on
   std::fill(acc_.begin(), acc_.end(), 0);
   std::fill(max_.begin(), max_.end(), 0.0);
   for (size_t l = 0; l < lane_acc_.size(); ++l) {  // what an interrupted step left
@@ -87,24 +125,15 @@ void ExactGradientSum::begin_step() {
   }
 }
 
-void ExactGradientSum::add(const float* grads) { add(grads, 0, numels_.size()); }
-
-void ExactGradientSum::add(const float* grads, size_t first, size_t count) {
-  DDP_CHECK(first + count <= numels_.size(), "--deterministic: parameters ", first, " .. ", first + count,
-            " of ", numels_.size());
-  add(0, grads + offsets_[first], first, count);
-}
-
-void ExactGradientSum::set_lanes(int lanes) {
+void HostExactGradientSum::set_lanes(int lanes) {
   DDP_CHECK(lanes >= 1, "--deterministic: ", lanes, " lanes");
   lane_acc_.assign(size_t(lanes - 1), {});
   lane_max_.assign(size_t(lanes - 1), std::vector<double>(numels_.size(), 0.0));
   lane_added_.assign(size_t(lanes - 1), 0);
 }
 
-void ExactGradientSum::add(int lane, const float* g, size_t first, size_t count) {
-  DDP_CHECK(lane >= 0 && lane < lanes() && first + count <= numels_.size(), "--deterministic: lane ", lane,
-            " of ", lanes(), " adds parameters ", first, " .. ", first + count, " of ", numels_.size());
+void HostExactGradientSum::add(int lane, const float* g, size_t first, size_t count) {
+  check_add(lane, lanes(), first, count);
   if (count == 0) return;
   const size_t base = offsets_[first];
   int64_t* acc = acc_.data() + base;
@@ -124,7 +153,7 @@ void ExactGradientSum::add(int lane, const float* g, size_t first, size_t count)
   }
 }
 
-void ExactGradientSum::fold(size_t first, size_t count) {
+void HostExactGradientSum::fold(size_t first, size_t count) {
   DDP_CHECK(first + count <= numels_.size(), "--deterministic: parameters ", first, " .. ", first + count,
             " of ", numels_.size());
   if (count == 0) return;
@@ -144,31 +173,75 @@ void ExactGradientSum::fold(size_t first, size_t count) {
   }
 }
 
+void HostExactGradientSum::local_maxima(double* out) { std::copy(max_.begin(), max_.end(), out); }
+
+void HostExactGradientSum::start_reduce(comm::Communicator& comm, size_t first, size_t count) {
+  for (size_t p = first; p < first + count; ++p)
+    DDP_CHECK(!started_[p], "--deterministic: the sums of parameter ", p, " started twice in one step");
+  const size_t base = offsets_[first], span = offsets_[first + count - 1] + numels_[first + count - 1] - base;
+  inflight_.push_back(comm.allreduce_int64_async(
+      acc_.data() + base, span,
+      detail::concat("--deterministic: fixed-point gradient sums of parameters ", first, " .. ", first + count - 1)));
+  std::fill(started_.begin() + long(first), started_.begin() + long(first + count), 1);
+}
+
+void HostExactGradientSum::drop_reduces() {
+  // Waited in the order started (each wait throws on a failure or a
+  // timeout, naming the sums).
+  for (auto& w : inflight_) w->wait();
+  inflight_.clear();
+  std::fill(started_.begin(), started_.end(), 0);
+}
+
+void HostExactGradientSum::reduce_into(comm::Communicator& comm, float* grads) {
+  // The runs of params no ready() started, in flat order: the same on every
+  // rank.
+  for (size_t p = 0; p < numels_.size();) {
+    if (started_[p]) {
+      ++p;
+      continue;
+    }
+    size_t end = p;
+    while (end < numels_.size() && !started_[end]) ++end;
+    start_reduce(comm, p, end - p);
+    p = end;
+  }
+  drop_reduces();  // every sum is in acc_ now
+  for (size_t p = 0; p < numels_.size(); ++p)
+    dequantize(acc_.data() + offsets_[p], numels_[p], int(exponents_[p]), grads + offsets_[p]);
+}
+
+void HostExactGradientSum::fill_nan(float* grads) {
+  std::fill(grads, grads + total_, std::numeric_limits<float>::quiet_NaN());
+}
+
 ExactGradientSum::Result ExactGradientSum::finish(comm::Communicator& comm, float* grads) {
   // The maxima first (small): from them every rank decides alike whether the
   // sums are usable.
-  comm.allreduce_doubles(max_.data(), max_.size(), /*max=*/true, "--deterministic: largest gradient per parameter");
+  std::vector<double> max(numels_.size(), 0.0);
+  local_maxima(max.data());
+  comm.allreduce_doubles(max.data(), max.size(), /*max=*/true, "--deterministic: largest gradient per parameter");
   bool finite = true, fits = true;
   for (size_t p = 0; p < numels_.size(); ++p) {
-    finite &= std::isfinite(max_[p]);
-    fits &= max_[p] < std::ldexp(1.0, limit_bits_ - int(exponents_[p]));
+    finite &= std::isfinite(max[p]);
+    fits &= max[p] < std::ldexp(1.0, limit_bits_ - int(exponents_[p]));
   }
   if (!finite) {
-    std::fill(grads, grads + total_, std::numeric_limits<float>::quiet_NaN());
+    drop_reduces();
+    fill_nan(grads);
     return Result::NonFinite;
   }
   auto next_exponents = [&] {
     for (size_t p = 0; p < numels_.size(); ++p)
-      if (max_[p] > 0) exponents_[p] = fixed_point_exponent(max_[p], limit_bits_);
+      if (max[p] > 0) exponents_[p] = fixed_point_exponent(max[p], limit_bits_);
   };
   if (!fits) {
+    drop_reduces();
     next_exponents();
     ++redone_;
     return Result::Redo;
   }
-  comm.allreduce_int64(acc_.data(), acc_.size(), "--deterministic: fixed-point gradient sums");
-  for (size_t p = 0; p < numels_.size(); ++p)
-    dequantize(acc_.data() + offsets_[p], numels_[p], int(exponents_[p]), grads + offsets_[p]);
+  reduce_into(comm, grads);  // with this step's exponents
   next_exponents();
   return Result::Done;
 }

@@ -25,18 +25,27 @@ CudaConvReluPool::CudaConvReluPool(const Op& op, cuda::Context& ctx)
             " is not the pooled conv output ", to_string(conv_));
 }
 
+// Note [lanes] (device.hpp): the whole batch's conv outputs are sized before
+// its micro-shards run, each at its first image's place.
+void CudaConvReluPool::begin_lanes(int batch) { pre_.reserve(ctx_, size_t(batch) * size_t(conv_.numel())); }
+
+float* CudaConvReluPool::pre(const OpArgs& a) {
+  return pre_.data() + size_t(a.lane >= 0 ? a.first : 0) * size_t(conv_.numel());
+}
+
 void CudaConvReluPool::forward(const OpArgs& a) {
-  pre_.reserve(ctx_, size_t(a.batch) * size_t(conv_.numel()));
-  conv_op_.forward(ctx_, a.batch, a.x[0], a.p[0], a.p[1], pre_.data());
-  avgpool2_forward_cuda(int64_t(a.batch) * conv_.c, conv_.h, conv_.w, pre_.data(), /*relu=*/true, a.y,
-                        ctx_.compute());
+  if (a.lane < 0) pre_.reserve(ctx_, size_t(a.batch) * size_t(conv_.numel()));
+  DDP_CHECK(size_t(a.lane >= 0 ? a.first : 0) + size_t(a.batch) <= pre_.size() / size_t(conv_.numel()),
+            "op ", op_.name, ": images ", a.first, " .. ", a.first + a.batch, " beyond the batch begin_lanes sized");
+  conv_op_.forward(ctx_, a.batch, a.x[0], a.p[0], a.p[1], pre(a));
+  avgpool2_forward_cuda(int64_t(a.batch) * conv_.c, conv_.h, conv_.w, pre(a), /*relu=*/true, a.y, ctx_.compute());
   fwd_batch_ = a.batch;
 }
 
 void CudaConvReluPool::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
   DDP_CHECK(fwd_batch_ == a.batch, "backward for batch ", a.batch, " after forward of batch ", fwd_batch_);
   dpre_.reserve(ctx_, size_t(a.batch) * size_t(conv_.numel()));
-  avgpool2_backward_cuda(int64_t(a.batch) * conv_.c, conv_.h, conv_.w, dy, /*mask=*/pre_.data(), dpre_.data(),
+  avgpool2_backward_cuda(int64_t(a.batch) * conv_.c, conv_.h, conv_.w, dy, /*mask=*/pre(a), dpre_.data(),
                          ctx_.compute());
   conv_op_.backward(ctx_, a.batch, a.x[0], a.p[0], dpre_.data(), a.dp[0], a.dp[1], dx[0]);
 }

@@ -151,7 +151,7 @@ class BatchNorm final : public Kernel {
     }
     const double count = double(a.batch) * hw_ * (stats_ ? stats_->ranks() : 1);
     DDP_CHECK(count > 1, "BatchNorm2d ", op_.name, ": training needs more than one value per channel, got ", count);
-    const Shards sh = shards(a, c_);
+    const ShardRuns sh = shards(a, c_);
     for (int k = 0; k < sh.n; ++k) cpu::bn_sum(sh.size, c_, hw_, a.x[0] + k * sh.stride, sh.sums(k), pool_);
     reduce(a, sh, s1_.data(), "batch mean");
     for (int c = 0; c < c_; ++c) mean_[c] = kernel::bn_mean(s1_[c], count);
@@ -167,7 +167,7 @@ class BatchNorm final : public Kernel {
 
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
     // Per shard, sum(dy) and then sum(dy (x - mean)): 2c values.
-    const Shards sh = shards(a, 2 * c_);
+    const ShardRuns sh = shards(a, 2 * c_);
     for (int k = 0; k < sh.n; ++k) {
       double* g = sh.sums(k);
       cpu::bn_grad_sums(sh.size, c_, hw_, a.x[0] + k * sh.stride, mean_.data(), dy + k * sh.stride, g, g + c_,
@@ -189,31 +189,16 @@ class BatchNorm final : public Kernel {
   }
 
  private:
-  // A call's batch as n runs of `size` images, `stride` floats apart (one
-  // run, the whole batch, without OpArgs::shard), and each run's sums:
-  // `width` doubles per run, run-major.
-  struct Shards {
-    int n = 1, size = 0;
-    int64_t stride = 0;
-    size_t width = 0;
-    double* base = nullptr;
-    double* sums(int k) const { return base + size_t(k) * width; }
-  };
-  Shards shards(const OpArgs& a, size_t width) {
-    Shards s;
-    s.size = a.shard ? a.shard : a.batch;
-    DDP_CHECK(a.batch % s.size == 0, "BatchNorm2d ", op_.name, ": a batch of ", a.batch,
-              " does not split into micro-shards of ", s.size);
-    s.n = a.batch / s.size;
-    s.stride = int64_t(s.size) * c_ * hw_;
-    s.width = width;
+  // A call's runs (Note [micro-shards]), their sums in per_shard_.
+  ShardRuns shards(const OpArgs& a, size_t width) {
+    ShardRuns s = shard_runs(a, int64_t(c_) * hw_, width, op_.name);
     if (per_shard_.size() < size_t(s.n) * width) per_shard_.resize(size_t(s.n) * width);
     s.base = per_shard_.data();
     return s;
   }
   // out[0 .. width) = the runs' sums added up, over every rank with a
   // StatsReducer: shard by shard in global order with OpArgs::shard.
-  void reduce(const OpArgs& a, const Shards& sh, double* out, const char* what) {
+  void reduce(const OpArgs& a, const ShardRuns& sh, double* out, const char* what) {
     if (stats_ && a.shard) return stats_->sum_shards(sh.base, sh.n, sh.width, out, op_.name + ": " + what);
     if (sh.n == 1)
       std::copy(sh.base, sh.base + sh.width, out);

@@ -85,14 +85,17 @@ class CudaConvReluPool final : public Kernel {
   CudaConvReluPool(const Op& op, cuda::Context& ctx);
   void forward(const OpArgs& a) override;
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+  void begin_lanes(int batch) override;
 
  private:
+  float* pre(const OpArgs& a);  // a's images' conv outputs in pre_
   const Op& op_;
   cuda::Context& ctx_;
   Shape conv_;  // per-sample conv output, before pooling
   CudnnConv conv_op_;
-  // conv + bias of the last forward (the relu mask backward needs: > 0), and
-  // d(conv output) in backward; sized for the largest batch seen.
+  // conv + bias of the last forward (the relu mask backward needs: > 0;
+  // micro-shards each at their first image's place), and d(conv output) in
+  // backward; sized for the largest batch seen.
   cuda::DeviceBuffer pre_, dpre_;
   int fwd_batch_ = -1;  // batch of the last forward
 };
@@ -110,6 +113,15 @@ class CudaBatchNorm final : public Kernel {
   // The per-channel sums in sums_ (device), summed over ranks when
   // synchronised: a host round trip.
   void reduce(size_t n, const std::string& what);
+  // Note [micro-shards] (device.hpp): where shard k of `shards` puts its
+  // `width` sums (per_shard_, grown to fit), and those shards' sums into
+  // sums_ in global shard order (over every rank when synchronised).
+  double* shard_sums(int shards, size_t width);
+  void reduce_shards(int shards, size_t width, const std::string& what);
+  // A call's runs (Note [micro-shards]), their sums in per_shard_ (sums_ for
+  // the whole batch); then those sums into sums_ (combine).
+  ShardRuns runs(const OpArgs& a, size_t width);
+  void combine(const OpArgs& a, const ShardRuns& r, const std::string& what);
   const Op& op_;
   cuda::Context& ctx_;
   StatsReducer* stats_;
@@ -118,7 +130,9 @@ class CudaBatchNorm final : public Kernel {
   // (two doubles per channel).
   float* chan_ = nullptr;
   double* sums_ = nullptr;
-  std::vector<double> host_;  // the sums on their way through the host
+  double* per_shard_ = nullptr;  // device: each micro-shard's sums
+  size_t per_shard_size_ = 0;
+  std::vector<double> host_, host_out_;  // the sums on their way through the host
 };
 
 class CudaRelu final : public Kernel {

@@ -26,7 +26,8 @@ namespace {
 constexpr size_t kMaxWorkspace = size_t(512) << 20;
 
 // The algorithm to run (Note [conv algorithms]); the fallback to a
-// non-deterministic one is said once per rank.
+// non-deterministic one is said once per rank, and refused under
+// --deterministic (the caller's error names the layer).
 template <typename Perf>
 const Perf& pick(cuda::Context& ctx, const std::string& layer, const std::vector<Perf>& perf, int count,
                  const char* what) {
@@ -42,6 +43,10 @@ const Perf& pick(cuda::Context& ctx, const std::string& layer, const std::vector
     DDP_FAIL("cuDNN offers no fp32 ", what, " algorithm within ", kMaxWorkspace >> 20,
              " MiB of workspace for this geometry (", count, " candidates)");
   const Perf& p = perf[size_t(choice.index)];
+  if (!choice.deterministic && ctx.deterministic())
+    DDP_FAIL("--deterministic: cuDNN offers no deterministic fp32 ", what, " algorithm for this geometry (",
+             count, " candidates); the only one that fits, algorithm ", int(p.algo),
+             ", may add in another order from run to run");
   if (!choice.deterministic)
     ctx.warn_once("cudnn-nondeterministic",
                   detail::concat("op ", layer, ": cuDNN has no deterministic ", what,

@@ -177,6 +177,17 @@ const float* Model::forward(const float* x, int batch, Mode mode, int shard) {
   return value(graph_.output);
 }
 
+ShardRuns shard_runs(const OpArgs& a, int64_t image_floats, size_t width, const std::string& op) {
+  ShardRuns r;
+  r.size = a.shard ? a.shard : a.batch;
+  DDP_CHECK(r.size > 0 && a.batch % r.size == 0, "BatchNorm2d ", op, ": a batch of ", a.batch,
+            " does not split into micro-shards of ", r.size);
+  r.n = a.batch / r.size;
+  r.stride = int64_t(r.size) * image_floats;
+  r.width = width;
+  return r;
+}
+
 OpArgs Model::shard_args(size_t i, const OpArgs& a, int64_t k, int shard, int lane) const {
   const Op& op = graph_.ops[i];
   const int64_t first = k * shard;

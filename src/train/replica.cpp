@@ -47,7 +47,7 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
   for (const auto& p : g.params) names.push_back(p.name);
   reducer_->set_param_names(std::move(names));
   if (cfg.deterministic_shards > 0) {
-    exact_ = std::make_unique<ExactGradientSum>(numels, cfg.deterministic_shards);
+    exact_ = backend_->make_exact_sum(numels, cfg.deterministic_shards);
     shard_ = cfg.batch_size / cfg.deterministic_shards;
     global_batch_ = cfg.batch_size;
     exact_->set_lanes(dev.lanes());
@@ -115,7 +115,7 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
   }
   {
     TraceScope span(trace_, Trace::kStep, "optimizer", "optimizer");
-    if (backend_->checks_every_step())
+    if (health.grads_finite && backend_->checks_every_step())
       health.grads_finite = backend_->all_finite(model_->grads(), model_->num_params());
     if (health.grads_finite) optimizer_->step(lr, model_->params(), model_->grads());
     backend_->batch_done();
@@ -168,15 +168,20 @@ void Replica::reduced_passes(const float* x, const int32_t* y, int batch, size_t
 }
 
 // Note [lanes] (nn/device.hpp): the model's micro-shards' gradients into the
-// fixed-point sums, lane by lane.
+// fixed-point sums, lane by lane; an op's sums, once final, start across the
+// ranks while backward goes on (Note [overlapped sums], ddp/exact_sum.hpp).
 class Replica::ToExactSum final : public nn::ShardGradients {
  public:
-  explicit ToExactSum(ExactGradientSum& sum) : sum_(sum) {}
+  ToExactSum(ExactGradientSum& sum, comm::Communicator& comm) : sum_(sum), comm_(comm) {}
   void take(int lane, const float* g, size_t first, size_t count) override { sum_.add(lane, g, first, count); }
-  void taken(size_t first, size_t count) override { sum_.fold(first, count); }
+  void taken(size_t first, size_t count) override {
+    sum_.fold(first, count);
+    sum_.ready(comm_, first, count);
+  }
 
  private:
   ExactGradientSum& sum_;
+  comm::Communicator& comm_;
 };
 
 void Replica::exact_passes(const float* x, const int32_t* y, int batch, StepHealth& health,
@@ -193,7 +198,7 @@ void Replica::exact_passes(const float* x, const int32_t* y, int batch, StepHeal
   // Nor may a redone step move BatchNorm's running statistics twice.
   nn::ModelState before;
   model_->get_buffers(before);
-  ToExactSum to(*exact_);
+  ToExactSum to(*exact_, backend_->comm());
   for (;;) {
     exact_->begin_step();
     health = StepHealth{};
@@ -225,6 +230,8 @@ void Replica::exact_passes(const float* x, const int32_t* y, int batch, StepHeal
     TraceScope span(trace_, Trace::kStep, "comm", "fixed-point all-reduce");
     const ExactGradientSum::Result r = exact_->finish(backend_->comm(), model_->grads());
     lap(times_.comm);
+    // Every rank knows it alike, without looking at the gradients.
+    health.grads_finite = r != ExactGradientSum::Result::NonFinite;
     if (r != ExactGradientSum::Result::Redo) return;
     backend_->take_sums();  // the attempt that outgrew its exponents
     model_->set_buffers(before);

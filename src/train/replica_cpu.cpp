@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ddp/core/finite.hpp"      // first_non_finite
+#include "ddp/ddp/fixed_point.hpp"  // round_loss_sum
 #include "ddp/nn/thread_pool.hpp"   // default_threads
 #include "ddp/train/replica.hpp"
 
@@ -31,7 +32,7 @@ class CpuBackend final : public Backend {
                              float* dlogits, int grad_batch) override {
     const float loss = nn::softmax_cross_entropy(logits, labels, batch, classes, dlogits, grad_batch);
     const double sum = double(loss) * batch;
-    sums_[0] += exact_loss_ ? std::ldexp(std::nearbyint(std::ldexp(sum, 20)), -20) : sum;
+    sums_[0] += exact_loss_ ? fixed_point::round_loss_sum(sum) : sum;
     sums_[1] += double(nn::count_correct(logits, labels, batch, classes));
     return loss;
   }
@@ -40,6 +41,9 @@ class CpuBackend final : public Backend {
   }
   std::vector<double> take_sums() override { return std::exchange(sums_, std::vector<double>(3, 0.0)); }
   void set_exact_loss() override { exact_loss_ = true; }
+  std::unique_ptr<ExactGradientSum> make_exact_sum(std::vector<size_t> param_numels, int shards) override {
+    return std::make_unique<HostExactGradientSum>(std::move(param_numels), shards);
+  }
 
   bool checks_every_step() const override { return true; }
   bool all_finite(const float* p, size_t n) override { return first_non_finite(p, n) == n; }

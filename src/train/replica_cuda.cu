@@ -88,6 +88,7 @@ class CudaBackend final : public Backend {
       : info_(cuda::set_device(gpu)), threads_(world.threads) {
     const std::string backend = check_gpus_distinct(*host_comm, world, info_, cfg.backend);
     ctx_ = std::make_unique<cuda::Context>(gpu);
+    ctx_->set_deterministic(cfg.deterministic_shards > 0);
     if (backend == "nccl") {
       comm_ = comm::make_nccl_communicator(world, *ctx_, std::chrono::milliseconds(
                                                              static_cast<int64_t>(cfg.preflight_timeout_sec * 1000)),
@@ -149,8 +150,10 @@ class CudaBackend final : public Backend {
   }
 
   std::string device_name() const override { return "cuda:" + std::to_string(info_.index); }
-  void set_exact_loss() override {
-    DDP_FAIL("--deterministic: the GPU backend has no exactly rounded loss sums yet");
+  void set_exact_loss() override { exact_loss_ = true; }
+  std::unique_ptr<ExactGradientSum> make_exact_sum(std::vector<size_t> param_numels, int shards) override {
+    return make_cuda_exact_sum(std::move(param_numels), shards, *ctx_,
+                               [this](const std::string& what) { sync(what); });
   }
   int threads() const override { return threads_; }
   std::string describe() const override { return device_name() + " " + monitor_->describe(); }
@@ -194,7 +197,8 @@ class CudaBackend final : public Backend {
 
   std::optional<double> loss(const float* logits, const int32_t* labels, int batch, int classes,
                              float* dlogits, int grad_batch) override {
-    nn::softmax_cross_entropy_cuda(logits, labels, batch, classes, dlogits, sums_, ctx_->compute(), grad_batch);
+    nn::softmax_cross_entropy_cuda(logits, labels, batch, classes, dlogits, sums_, ctx_->compute(), grad_batch,
+                                   exact_loss_);
     return std::nullopt;  // on the device until take_sums
   }
   void count_correct(const float* logits, const int32_t* labels, int batch, int classes) override {
@@ -246,6 +250,7 @@ class CudaBackend final : public Backend {
   double* sums_ = nullptr;  // device: loss sum, correct (training), correct (evaluation)
   std::array<PinnedSlot, 2> slots_;
   size_t next_slot_ = 0, current_ = 0;
+  bool exact_loss_ = false;  // --deterministic
 };
 
 }  // namespace

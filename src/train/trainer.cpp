@@ -325,8 +325,11 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
                                     "each rank's own batch depend on the world size; add --sync-bn to take them "
                                     "over the global batch"));
   if (cfg.deterministic_shards > 0 && place.device == "cuda")
-    throw UsageError("--deterministic runs on CPUs in this version of ddp_train (its GPU path, integer NCCL "
-                     "all-reduces, is not written yet): add --device cpu");
+    // The GPU path is there (fixed-point sums on the device, an integer NCCL
+    // all-reduce, deterministic cuDNN algorithms, SyncBatchNorm's shard sums:
+    // tests/mpi/cuda/deterministic_cuda_test.cpp), but it has not run on a
+    // GPU yet: refused until it has.
+    throw UsageError("--deterministic is not yet available with GPUs (--device cuda): use --device cpu");
   if (cfg.debug_collectives && place.device == "cuda")
     throw UsageError("--debug-collectives checks the MPI backend's collectives; with GPUs (--device cuda) it is not "
                      "available yet: use --device cpu to debug the order of collectives");

@@ -69,6 +69,12 @@ class Communicator {
   // gradients): integer addition is associative, so every rank gets the same
   // sum whatever the reduction order. The caller keeps the sums in range.
   virtual void allreduce_int64(int64_t* data, size_t count, const std::string& what) = 0;
+  // The same sum on the memory allreduce_async works on (a GPU backend's:
+  // device memory, ordered as its float all-reduces are, Note [device
+  // all-reduce order] in device_communicator.hpp). The buffer must stay valid
+  // and untouched until wait() returns. This default, for host-memory
+  // backends, is allreduce_int64, done when it returns.
+  virtual std::shared_ptr<Work> allreduce_int64_async(int64_t* data, size_t count, std::string what);
 
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }

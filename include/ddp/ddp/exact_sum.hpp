@@ -11,6 +11,10 @@
 // an int64 accumulator as round(g * 2^e), with e per parameter. Integer
 // addition is associative, so the all-reduced sums, and the floats they are
 // turned back into once, are the same whatever the ranks and their order.
+// The per-element arithmetic is fixed_point.hpp's, the same on the host and
+// on a GPU; on a GPU "the same kernels" holds per micro-shard too, since
+// every op is called once per micro-shard (one batch size, so one cuDNN
+// algorithm, and under --deterministic only deterministic ones).
 //
 // e must be agreed before the first micro-shard is converted: it comes from
 // the previous step's largest |g| over all micro-shards (all-reduced with
@@ -25,6 +29,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,17 +69,19 @@ void dequantize(const int64_t* acc, size_t n, int exponent, float* g);
 void sum_shards_in_order(comm::Communicator& comm, const double* per_shard, int shards, size_t n, double* out,
                          const std::string& what);
 
+// The fixed-point sum of a step's micro-shards. What it decides (the
+// exponents, a redo) is written here once; where the integer sums live and
+// how they are added is a device's: HostExactGradientSum below (host memory),
+// or the GPU's (make_cuda_exact_sum, device memory, an integer NCCL
+// all-reduce).
 class ExactGradientSum {
  public:
   enum class Result { Done, Redo, NonFinite };
-
-  // param_numels in flat order; shards: micro-shards of the global batch,
-  // over all ranks together.
-  ExactGradientSum(std::vector<size_t> param_numels, int shards);
+  virtual ~ExactGradientSum() = default;
 
   // Before a step's first micro-shard: empties the sums.
-  void begin_step();
-  // One micro-shard's gradients (the whole flat buffer, host memory).
+  void begin_step() { clear_sums(); }
+  // One micro-shard's gradients (the whole flat buffer, the device's memory).
   void add(const float* grads);
   // One micro-shard's gradients of params [first, first + count) only
   // (grads: the whole flat buffer).
@@ -83,15 +91,24 @@ class ExactGradientSum {
   // each with a lane of its own. Lanes other than 0 sum into integers of
   // their own, folded into the step's sums per run of parameters: integer
   // sums, so which lane took which micro-shard changes nothing.
-  void set_lanes(int lanes);
-  int lanes() const { return int(lane_acc_.size()) + 1; }
+  virtual void set_lanes(int lanes) = 0;
+  virtual int lanes() const = 0;
   // One micro-shard's gradients of params [first, first + count) from lane
   // `lane`: g[0] is param first's element 0, the params laid out as in the
   // flat buffer. Lanes may call at once, for the same params.
-  void add(int lane, const float* g, size_t first, size_t count);
+  virtual void add(int lane, const float* g, size_t first, size_t count) = 0;
   // With no lane adding: every lane's sums of params [first, first + count)
   // into the step's.
-  void fold(size_t first, size_t count);
+  virtual void fold(size_t first, size_t count) = 0;
+  // Note [overlapped sums]: params [first, first + count) are final on this
+  // rank (every micro-shard of theirs added and folded), so their sums may
+  // start across the ranks now, while backward computes the other params'.
+  // Nothing finish decides can change them: they were converted at exponents
+  // agreed before the step, and a step that must be redone drops them.
+  // Collective in the order of calls: every rank marks the same runs in the
+  // same order (backward's op order). A device may start nothing before
+  // finish.
+  void ready(comm::Communicator& comm, size_t first, size_t count);
   // Collective. Done: grads holds the sum of every rank's micro-shards,
   // identical on every rank, and the next step's exponents are set. Redo: a
   // gradient outgrew its exponent on some rank; the exponents are lowered and
@@ -108,12 +125,65 @@ class ExactGradientSum {
   int64_t redone_steps() const { return redone_; }
   int shards() const { return shards_; }
 
- private:
+ protected:
+  // param_numels in flat order; shards: micro-shards of the global batch,
+  // over all ranks together.
+  ExactGradientSum(std::vector<size_t> param_numels, int shards);
+  // Checks an add's lane and parameters (lanes: how many there are).
+  void check_add(int lane, int lanes, size_t first, size_t count) const;
+  // The device's part: empty the sums; this rank's largest |g| per parameter
+  // since then (+infinity where one was a NaN or infinite); the sums over
+  // every rank turned into grads (grads[i] = sum[i] * 2^-exponent); grads
+  // all NaN.
+  virtual void clear_sums() = 0;
+  virtual void local_maxima(double* out) = 0;
+  virtual void reduce_into(comm::Communicator& comm, float* grads) = 0;
+  virtual void fill_nan(float* grads) = 0;
+  // Note [overlapped sums]: start the sums of params [first, first + count)
+  // across the ranks (default: nothing, all of them in reduce_into); and
+  // wait until none is in flight, their results dropped.
+  virtual void start_reduce(comm::Communicator& comm, size_t first, size_t count) {
+    (void)comm;
+    (void)first;
+    (void)count;
+  }
+  virtual void drop_reduces() {}
+
   std::vector<size_t> numels_, offsets_;
   size_t total_ = 0;
   int shards_, limit_bits_;
   std::vector<int64_t> exponents_;
+
+ private:
+  int64_t redone_ = 0;
+};
+
+// The sums in host memory, the gradients read from host memory (the CPU
+// device), all-reduced with Communicator::allreduce_int64.
+class HostExactGradientSum final : public ExactGradientSum {
+ public:
+  HostExactGradientSum(std::vector<size_t> param_numels, int shards);
+  ~HostExactGradientSum() override;
+  HostExactGradientSum(const HostExactGradientSum&) = delete;
+  HostExactGradientSum& operator=(const HostExactGradientSum&) = delete;
+  using ExactGradientSum::add;
+  void set_lanes(int lanes) override;
+  int lanes() const override { return int(lane_acc_.size()) + 1; }
+  void add(int lane, const float* g, size_t first, size_t count) override;
+  void fold(size_t first, size_t count) override;
+
+ private:
+  void clear_sums() override;
+  void local_maxima(double* out) override;
+  void reduce_into(comm::Communicator& comm, float* grads) override;
+  void fill_nan(float* grads) override;
+  void start_reduce(comm::Communicator& comm, size_t first, size_t count) override;
+  void drop_reduces() override;
   std::vector<int64_t> acc_;
+  // Note [overlapped sums]: the sums in flight, in the order started, and
+  // which params' sums have started this step.
+  std::vector<std::shared_ptr<comm::Work>> inflight_;
+  std::vector<char> started_;
   std::vector<double> max_;  // this rank's largest |g| per parameter this step
   // Lanes 1 and up (lane 0 adds into acc_ and max_): each one's sums of the
   // params it was last given, from their first one's offset; its maxima; and
@@ -121,7 +191,22 @@ class ExactGradientSum {
   std::vector<std::vector<int64_t>> lane_acc_;
   std::vector<std::vector<double>> lane_max_;
   std::vector<char> lane_added_;
-  int64_t redone_ = 0;
 };
+
+#if DDP_HAVE_CUDA
+namespace cuda {
+class Context;
+}
+// The sums in the GPU's memory (exact_sum_cuda.cu), one lane: each
+// micro-shard's gradients are quantized by a kernel on ctx's compute stream
+// as they are added (fixed_point.hpp's arithmetic, the host's), the sums
+// all-reduced by Communicator::allreduce_int64_async on device memory (an
+// integer NCCL all-reduce on the nccl backend), turned back into floats by a
+// kernel. sync(what) waits, bounded, for the compute stream before the host
+// reads the maxima (the backend's Backend::sync).
+std::unique_ptr<ExactGradientSum> make_cuda_exact_sum(std::vector<size_t> param_numels, int shards,
+                                                      cuda::Context& ctx,
+                                                      std::function<void(const std::string&)> sync);
+#endif
 
 }  // namespace ddp

@@ -20,9 +20,12 @@ std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx);
 // into dlogits (the mean over grad_batch samples where it is > 0, as on the
 // CPU) and ADDS the batch's summed loss to sums[0] and its number of
 // correct rows (arg-max == label) to sums[1] (device doubles), so a whole epoch
-// runs without the host reading anything.
+// runs without the host reading anything. With exact_loss (--deterministic)
+// the loss is added in multiples of 2^-20 (loss_cuda.cu), the same total in
+// any order.
 void softmax_cross_entropy_cuda(const float* logits, const int32_t* labels, int batch, int classes,
-                                float* dlogits, double* sums, cudaStream_t stream, int grad_batch = 0);
+                                float* dlogits, double* sums, cudaStream_t stream, int grad_batch = 0,
+                                bool exact_loss = false);
 // Adds the number of rows whose arg-max equals the label to *correct (device).
 void count_correct_cuda(const float* logits, const int32_t* labels, int batch, int classes, double* correct,
                         cudaStream_t stream);

@@ -90,6 +90,19 @@ inline void sum_in_shard_order(const double* per_shard, size_t shards, size_t n,
     for (size_t i = 0; i < n; ++i) out[i] += per_shard[k * n + i];
 }
 
+// Note [micro-shards]: a BatchNorm call's batch as n runs of `size` images,
+// `stride` floats apart (one run, the whole batch, without OpArgs::shard),
+// and where each run's `width` sums go: run k's at base + k * width. Throws
+// when the shard size does not divide the batch, naming op.
+struct ShardRuns {
+  int n = 1, size = 0;
+  int64_t stride = 0;
+  size_t width = 0;
+  double* base = nullptr;
+  double* sums(int k) const { return base + size_t(k) * width; }
+};
+ShardRuns shard_runs(const OpArgs& a, int64_t image_floats, size_t width, const std::string& op);
+
 class Kernel {
  public:
   virtual ~Kernel() = default;

@@ -66,6 +66,12 @@ class Context {
   // context is given `key`; later calls with the same key say nothing.
   void warn_once(const std::string& key, const std::string& what);
 
+  // --deterministic: only deterministic cuDNN algorithms may run; where a
+  // geometry has none, the layer's first call is an error naming it (without
+  // it, a warning: Note [conv algorithms]).
+  void set_deterministic(bool on) { deterministic_ = on; }
+  bool deterministic() const { return deterministic_; }
+
  private:
   int device_;
   cudaStream_t compute_ = nullptr, copy_ = nullptr, comm_ = nullptr;
@@ -74,6 +80,7 @@ class Context {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::set<std::string> warned_;
+  bool deterministic_ = false;
 };
 
 // A device buffer of floats from a Context's pool, released on destruction.

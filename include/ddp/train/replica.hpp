@@ -105,10 +105,12 @@ class Backend {
   // The sums since the last call (loss, correct; evaluation correct), reset.
   virtual std::vector<double> take_sums() = 0;
   // --deterministic: each batch's loss sum is rounded to a multiple of 2^-20
-  // before it is added, so that sums of them are exact in double and the
-  // same in any order. A backend that cannot throws (the trainer refuses
-  // --deterministic on it first).
+  // before it is added (fixed_point::round_loss_sum), so that sums of them
+  // are exact in double and the same in any order.
   virtual void set_exact_loss() = 0;
+  // --deterministic's fixed-point sum, its integers in this device's memory
+  // (ddp/exact_sum.hpp).
+  virtual std::unique_ptr<ExactGradientSum> make_exact_sum(std::vector<size_t> param_numels, int shards) = 0;
 
   // Whether all_finite is cheap enough to run every step (it needs the host
   // to look at device memory).
@@ -172,7 +174,8 @@ class Replica {
   // before the device has finished it; batch may be reused on return. When
   // the averaged gradients hold a NaN or an infinity the parameters are left
   // as they were and grads_finite is false (checked every step where the
-  // backend can afford it, the CPU; a GPU's divergence shows in the epoch's
+  // backend can afford it, the CPU, and under --deterministic on any device,
+  // whose sum sees it anyway; else a GPU's divergence shows in the epoch's
   // loss and in the parameters checked before each save).
   StepHealth train_step(const data::Batch& batch, double lr);
   // The parts of the last train_step's time.

@@ -139,6 +139,32 @@ inline void check_compressed(comm::DeviceCommunicator& comm, cuda::Context& ctx)
       }
 }
 
+// --deterministic's integer sums on device memory: values beyond float's and
+// double's exact range (2^60 apart from small terms), so only an integer sum
+// gets them right; the compute stream reads the result after wait().
+inline void check_int64(comm::DeviceCommunicator& comm, cuda::Context& ctx) {
+  for (size_t n : {size_t(1), size_t(1000), size_t(1) << 20}) {
+    std::vector<int64_t> mine(n);
+    for (size_t i = 0; i < n; ++i)
+      mine[i] = (int64_t(1) << 60) / comm.size() * (i % 2 ? -1 : 1) + int64_t(comm.rank() + 1) * int64_t(i % 977);
+    int64_t* d = static_cast<int64_t*>(ctx.alloc(n * sizeof(int64_t)));
+    DDP_CUDA_CHECK(cudaMemcpyAsync(d, mine.data(), n * sizeof(int64_t), cudaMemcpyHostToDevice, ctx.compute()));
+    comm.allreduce_int64_async(d, n, "test int64 sum")->wait();
+    std::vector<int64_t> got(n);
+    DDP_CUDA_CHECK(cudaMemcpyAsync(got.data(), d, n * sizeof(int64_t), cudaMemcpyDeviceToHost, ctx.compute()));
+    comm.synchronize(ctx.compute(), "test: reading the int64 sums");
+    ctx.free(d);
+    size_t wrong = 0;
+    const int64_t ranks_sum = int64_t(comm.size()) * (comm.size() + 1) / 2;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t want =
+          (int64_t(1) << 60) / comm.size() * comm.size() * (i % 2 ? -1 : 1) + ranks_sum * int64_t(i % 977);
+      wrong += got[i] != want;
+    }
+    EXPECT_EQ(wrong, 0u) << n << " int64 values";
+  }
+}
+
 // Several all-reduces issued before any wait, one buffer twice: they complete
 // in issue order (the second sum sees the first's result), waited in reverse.
 inline void check_in_flight(comm::DeviceCommunicator& comm, cuda::Context& ctx) {

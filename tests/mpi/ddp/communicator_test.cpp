@@ -55,6 +55,33 @@ TEST(MpiCommunicator, AllreduceSumOfRankDependentData) {
   }
 }
 
+// --deterministic's sums on the communication thread: values far beyond
+// float's and double's exact range come back exact, in flight between two
+// float all-reduces, each finishing in issue order.
+TEST(MpiCommunicator, Int64AllreducesInFlightWithFloatOnesAreExact) {
+  auto comm = make_mpi_communicator(test_world());
+  const int w = comm->size();
+  const size_t n = 100003;
+  std::vector<int64_t> ints(n);
+  for (size_t i = 0; i < n; ++i)
+    ints[i] = (int64_t(1) << 60) / w * (i % 2 ? -1 : 1) + int64_t(comm->rank() + 1) * int64_t(i % 977);
+  auto a = rank_data(comm->rank(), n), b = rank_data(comm->rank(), n);
+  auto wa = comm->allreduce_async(a.data(), n, ReduceOp::Sum, "first floats");
+  auto wi = comm->allreduce_int64_async(ints.data(), n, "int64 sums");
+  auto wb = comm->allreduce_async(b.data(), n, ReduceOp::Sum, "second floats");
+  wb->wait();
+  EXPECT_TRUE(wa->done());
+  EXPECT_TRUE(wi->done());
+  wi->wait();
+  wa->wait();
+  size_t wrong = 0;
+  for (size_t i = 0; i < n; ++i)
+    wrong += ints[i] != (int64_t(1) << 60) / w * w * (i % 2 ? -1 : 1) + int64_t(w) * (w + 1) / 2 * int64_t(i % 977);
+  EXPECT_EQ(wrong, 0u);
+  expect_sum(a, w, 1.0f, "first floats");
+  expect_sum(b, w, 1.0f, "second floats");
+}
+
 TEST(MpiCommunicator, AllreduceAvgOfRankDependentData) {
   auto comm = make_mpi_communicator(test_world());
   const size_t n = 123457;

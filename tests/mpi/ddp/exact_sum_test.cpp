@@ -43,7 +43,7 @@ TEST(ExactSum, EveryRankGetsTheSameBitsAsOneRankSummingEveryShard) {
   const size_t n = 2570;
   auto comm = comm::make_mpi_communicator(test_world());
   auto self = comm::make_mpi_communicator(test_world(MPI_COMM_SELF));
-  ExactGradientSum mine(numels, k), alone(numels, k);
+  HostExactGradientSum mine(numels, k), alone(numels, k);
   std::vector<float> got(n), want(n);
   const int per = k / world, first = comm->rank() * per;
   int redos = 0;
@@ -95,7 +95,7 @@ TEST(ExactSum, ShardSumsAreAddedInGlobalShardOrderAtAnyWorldSize) {
 
 TEST(ExactSum, ANonFiniteGradientOnOneRankIsSeenByAll) {
   auto comm = comm::make_mpi_communicator(test_world());
-  ExactGradientSum sum({64}, comm->size());
+  HostExactGradientSum sum({64}, comm->size());
   std::vector<float> g(64, 0.25f), out(64, 0);
   if (comm->rank() == comm->size() - 1) g[5] = std::numeric_limits<float>::quiet_NaN();
   sum.begin_step();

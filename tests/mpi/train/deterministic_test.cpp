@@ -1,7 +1,8 @@
-// --deterministic with SyncBatchNorm on the replica's step, on real ranks: a
+// --deterministic on the replica's step, on real ranks: a few steps at this
+// world size end with the bits of the same steps on one rank alone, and a
 // step that must be redone (its gradients outgrew their exponents) moves
-// BatchNorm's running statistics once, as any other step does, and every
-// rank ends with the same bits (Note [micro-shards], nn/device.hpp).
+// BatchNorm's running statistics once, as any other step does, every rank
+// ending with the same bits (Note [micro-shards], nn/device.hpp).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -10,46 +11,21 @@
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"  // make_mpi_communicator
-#include "ddp/core/rng.hpp"
 #include "ddp/ddp/exact_sum.hpp"      // kMaxExponent
-#include "ddp/nn/graph.hpp"           // GraphBuilder
-#include "ddp/nn/model.hpp"           // init_state
-#include "ddp/train/optim_config.hpp"
-#include "ddp/train/replica.hpp"
-#include "../ddp/test_world.hpp"
+#include "deterministic_runs.hpp"     // small nets, my_part, expect_world_matches_one_rank
 
 namespace ddp::train {
 namespace {
 
-constexpr int kBatch = 16, kShards = 8;
-
-// conv -> BatchNorm -> relu -> pool -> fc: enough to have running statistics.
-nn::Graph small_bn_net() {
-  nn::GraphBuilder b("small-bn", {2, 6, 6}, /*pytorch_init=*/true);
-  int x = b.relu("relu", b.batch_norm("bn", b.conv("conv", b.input(), 4, 3, 1, 1)));
-  return b.finish(b.linear("fc", b.flatten("flat", b.global_avg_pool("gap", x)), 3));
-}
-
-// This rank's contiguous part of one global batch.
-data::Batch my_part(int rank, int world) {
-  const int per = kBatch / world;
-  data::Batch b;
-  b.size = per;
-  for (int i = rank * per; i < (rank + 1) * per; ++i) {
-    Rng rng(21, uint64_t(i));
-    for (int j = 0; j < 2 * 6 * 6; ++j) b.x.push_back(float(rng.normal()));
-    b.y.push_back(int32_t(i % 3));
-  }
-  return b;
-}
+using test::kShards;
+using test::my_part;
+using test::small_bn_net;
 
 // One step from `start` (exponents as given; empty: the defaults); the
 // replica's state after it and the steps it redid.
 std::pair<TrainState, int64_t> one_step(const World& w, const nn::Graph& g, TrainState start) {
-  Config cfg;
-  cfg.batch_size = kBatch;
-  cfg.deterministic_shards = kShards;
-  cfg.sync_bn = true;
+  Config cfg = test::deterministic_config();
+  cfg.momentum = 0.0;
   Replica replica(cfg, optimizer_options(cfg), make_cpu_backend(comm::make_mpi_communicator(w), 1), g);
   replica.push(start);
   EXPECT_TRUE(replica.train_step(my_part(w.rank, w.size), 0.1).grads_finite);
@@ -59,7 +35,7 @@ std::pair<TrainState, int64_t> one_step(const World& w, const nn::Graph& g, Trai
 }
 
 TEST(DeterministicStep, ARedoneStepMovesTheRunningStatisticsOnce) {
-  const World w = test::test_world();
+  const World w = ddp::test::test_world();
   if (kShards % w.size != 0) GTEST_SKIP() << "world size " << w.size << " does not divide " << kShards;
   const nn::Graph g = small_bn_net();
   TrainState start;
@@ -81,6 +57,24 @@ TEST(DeterministicStep, ARedoneStepMovesTheRunningStatisticsOnce) {
   for (int r = 1; r < w.size; ++r)
     EXPECT_TRUE(std::equal(all.begin() + long(r * n), all.begin() + long((r + 1) * n), all.begin()))
         << "rank " << r << " differs from rank 0";
+}
+
+// The CPU twin of GpuDeterministic (mpi/cuda/deterministic_cuda_test.cpp):
+// three steps at this world size and on rank 0 alone, each rank's replica on
+// one thread and on two (Note [lanes], nn/device.hpp).
+TEST(DeterministicStep, StepsAtThisWorldSizeAreBitwiseThoseOfOneRankAlone) {
+  const World w = ddp::test::test_world();
+  if (kShards % w.size != 0) GTEST_SKIP() << "world size " << w.size << " does not divide " << kShards;
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(std::to_string(threads) + " threads");
+    const test::MakeBackend cpu = [threads](const World& world, const Config&) {
+      return make_cpu_backend(comm::make_mpi_communicator(world), threads);
+    };
+    for (const nn::Graph& g : {small_bn_net(), test::small_lenet()}) {
+      SCOPED_TRACE(g.model);
+      test::expect_world_matches_one_rank(w, g, cpu);
+    }
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "ddp/core/error.hpp"
 #include "ddp/core/rng.hpp"
 #include "ddp/ddp/exact_sum.hpp"
+#include "ddp/ddp/fixed_point.hpp"
 #include "one_rank.hpp"
 
 namespace ddp {
@@ -47,6 +49,41 @@ TEST(FixedPoint, QuantizeRoundsToNearestEvenAndSkipsWhatDoesNotFit) {
   EXPECT_EQ(quantize_add(bad, 2, 0, 8, acc.data()), std::numeric_limits<double>::infinity());
 }
 
+// The GPU keeps a tensor's largest |g| as an integer maximum of these bits
+// (exact_sum_cuda.cu): they must order as the magnitudes do, and a NaN or an
+// infinity must come out as infinity's, which the host reads as non-finite.
+TEST(FixedPoint, MagnitudeBitsOrderAsMagnitudesAndMakeNonFiniteInfinite) {
+  const std::vector<float> up = {0.0f, 1e-45f, 1e-38f, 3e-7f, 0.5f, 1.0f, 1.0000001f, 7e30f,
+                                 std::numeric_limits<float>::max()};
+  for (size_t i = 1; i < up.size(); ++i) {
+    EXPECT_LT(fixed_point::magnitude_bits(up[i - 1]), fixed_point::magnitude_bits(up[i])) << up[i];
+    EXPECT_EQ(fixed_point::magnitude_bits(-up[i]), fixed_point::magnitude_bits(up[i])) << up[i];
+  }
+  const uint32_t inf = fixed_point::magnitude_bits(std::numeric_limits<float>::infinity());
+  EXPECT_GT(inf, fixed_point::magnitude_bits(std::numeric_limits<float>::max()));
+  EXPECT_EQ(fixed_point::magnitude_bits(std::numeric_limits<float>::quiet_NaN()), inf);
+  EXPECT_EQ(fixed_point::magnitude_bits(-std::numeric_limits<float>::quiet_NaN()), inf);
+  EXPECT_EQ(fixed_point::magnitude_bits(-std::numeric_limits<float>::infinity()), inf);
+}
+
+// The loss sums --deterministic adds: multiples of 2^-20, nearest, ties to
+// even, so any order of adding them gives the same double.
+TEST(FixedPoint, LossSumsRoundToMultiplesOfTwoToTheMinusTwenty) {
+  const double q = std::ldexp(1.0, -20);
+  EXPECT_EQ(fixed_point::round_loss_sum(3.0), 3.0);
+  EXPECT_EQ(fixed_point::round_loss_sum(3.0 + 0.4 * q), 3.0);
+  EXPECT_EQ(fixed_point::round_loss_sum(3.0 + 0.6 * q), 3.0 + q);
+  EXPECT_EQ(fixed_point::round_loss_sum(0.5 * q), 0.0);  // a tie: to even
+  EXPECT_EQ(fixed_point::round_loss_sum(1.5 * q), 2 * q);
+  Rng rng(9, 0);
+  std::vector<double> v(1000);
+  for (auto& x : v) x = fixed_point::round_loss_sum(std::fabs(rng.normal()) * 300.0);
+  double forward = 0, backward = 0;
+  for (double x : v) forward += x;
+  for (auto it = v.rbegin(); it != v.rend(); ++it) backward += *it;
+  EXPECT_EQ(forward, backward);
+}
+
 TEST(FixedPoint, DequantizeInvertsQuantizeForFloatsThatFit) {
   Rng rng(5, 0);
   std::vector<float> g(1000);
@@ -73,7 +110,7 @@ TEST(ExactGradientSum, TheSumDoesNotDependOnTheOrderOfTheShards) {
   const int k = 16;
   test::OneRank one;
   auto run = [&](const std::vector<int>& order) {
-    ExactGradientSum sum(numels, k);
+    HostExactGradientSum sum(numels, k);
     std::vector<float> out(n);
     for (int step = 0; step < 3; ++step) {
       sum.begin_step();
@@ -110,14 +147,14 @@ TEST(ExactGradientSum, LanesAddingAtOnceGiveOneLanesSums) {
   const int k = 12;
   test::OneRank one;
   std::vector<float> alone(n), laned(n);
-  ExactGradientSum a(numels, k);
+  HostExactGradientSum a(numels, k);
   a.begin_step();
   for (int s = 0; s < k; ++s) a.add(shard_grads(s, n, 1e-2).data());
   a.begin_step();  // a second step: the first one's sums are gone
   for (int s = 0; s < k; ++s) a.add(shard_grads(s, n, 1e-2).data());
   ASSERT_EQ(a.finish(one, alone.data()), ExactGradientSum::Result::Done);
 
-  ExactGradientSum b(numels, k);
+  HostExactGradientSum b(numels, k);
   b.set_lanes(3);
   ASSERT_EQ(b.lanes(), 3);
   std::vector<std::vector<float>> g;
@@ -147,9 +184,61 @@ TEST(ExactGradientSum, LanesAddingAtOnceGiveOneLanesSums) {
   EXPECT_THROW(b.add(3, g[0].data(), 0, 3), Error) << "there is no lane 3";
 }
 
+// A world of one that records the integer sums started, each a Work that
+// counts its waits.
+class RecordingRank : public test::OneRank {
+ public:
+  std::shared_ptr<comm::Work> allreduce_int64_async(int64_t*, size_t count, std::string) override {
+    counts.push_back(count);
+    works.push_back(std::make_shared<test::DoneWork>());
+    return works.back();
+  }
+  std::vector<size_t> counts;
+  std::vector<std::shared_ptr<test::DoneWork>> works;
+};
+
+// Note [overlapped sums]: params marked ready start their sums at once, as
+// backward goes on; finish starts the rest, waits for every one, and gives
+// what a step with none started early gives. A redone step waits for what it
+// started, then drops it.
+TEST(ExactGradientSum, ReadyParamsStartTheirSumsAtOnceAndFinishTheRest) {
+  const std::vector<size_t> numels = {300, 7, 1000};
+  const size_t n = 1307;
+  const int k = 4;
+  test::OneRank one;
+  HostExactGradientSum plain(numels, k), early(numels, k);
+  std::vector<float> want(n), got(n);
+  plain.begin_step();
+  for (int s = 0; s < k; ++s) plain.add(shard_grads(s, n, 1e-2).data());
+  ASSERT_EQ(plain.finish(one, want.data()), ExactGradientSum::Result::Done);
+
+  RecordingRank rec;
+  early.begin_step();
+  for (int s = 0; s < k; ++s) early.add(shard_grads(s, n, 1e-2).data(), 2, 1);
+  early.ready(rec, 2, 1);  // backward's order: the last params first
+  EXPECT_EQ(rec.counts, std::vector<size_t>{1000});
+  for (int s = 0; s < k; ++s) early.add(shard_grads(s, n, 1e-2).data(), 0, 2);
+  ASSERT_EQ(early.finish(rec, got.data()), ExactGradientSum::Result::Done);
+  EXPECT_EQ(rec.counts, (std::vector<size_t>{1000, 307}));
+  for (const auto& w : rec.works) EXPECT_EQ(w->waits, 1);
+  EXPECT_EQ(got, want);
+  EXPECT_THROW(early.ready(rec, 3, 1), Error) << "there is no parameter 3";
+
+  // Too large for the exponents: the started sums are waited for and dropped.
+  rec.counts.clear();
+  rec.works.clear();
+  early.begin_step();
+  for (int s = 0; s < k; ++s) early.add(shard_grads(s, n, 1e6).data());
+  early.ready(rec, 0, 3);
+  ASSERT_EQ(early.finish(rec, got.data()), ExactGradientSum::Result::Redo);
+  EXPECT_EQ(rec.counts, std::vector<size_t>{n});
+  ASSERT_EQ(rec.works.size(), 1u);
+  EXPECT_EQ(rec.works[0]->waits, 1);
+}
+
 TEST(ExactGradientSum, AGradientThatOutgrowsItsExponentRedoesTheStepThenFits) {
   const std::vector<size_t> numels = {100};
-  ExactGradientSum sum(numels, 4);
+  HostExactGradientSum sum(numels, 4);
   test::OneRank one;
   std::vector<float> out(100);
   // The first step's exponents take |g| < 2^kHeadroomBits: ~3000 does not fit.
@@ -170,7 +259,7 @@ TEST(ExactGradientSum, AGradientThatOutgrowsItsExponentRedoesTheStepThenFits) {
 }
 
 TEST(ExactGradientSum, ANonFiniteGradientFillsTheResultWithNaN) {
-  ExactGradientSum sum({10}, 2);
+  HostExactGradientSum sum({10}, 2);
   test::OneRank one;
   std::vector<float> g(10, 0.5f), out(10, 0);
   sum.begin_step();
@@ -182,7 +271,7 @@ TEST(ExactGradientSum, ANonFiniteGradientFillsTheResultWithNaN) {
 }
 
 TEST(ExactGradientSum, ExponentsComeBackFromACheckpointAndAreChecked) {
-  ExactGradientSum sum({10, 20}, 2);
+  HostExactGradientSum sum({10, 20}, 2);
   sum.set_exponents({3, -7});
   EXPECT_EQ(sum.exponents(), (std::vector<int64_t>{3, -7}));
   EXPECT_THROW(sum.set_exponents({1}), Error);
