@@ -211,7 +211,8 @@ void Model::take_grads(size_t i, float* g, int lane, ShardGradients& to) {
 }
 
 void Model::backward(const float* dlogits, int batch, const std::function<void(size_t)>& on_ready) {
-  DDP_CHECK(last_shard_ == 0, "model ", name(), ": a forward in micro-shards needs backward_shards");
+  DDP_CHECK(last_batch_ < 0 || last_shard_ == 0, "model ", name(),
+            ": a training forward in micro-shards needs backward_shards");
   run_backward(dlogits, batch, on_ready, nullptr);
 }
 

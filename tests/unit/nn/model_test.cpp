@@ -541,8 +541,17 @@ TEST(Model, BackwardNeedsATrainingForwardOfTheBatch) {
   m->forward(b.x.data(), 4);
   std::vector<float> d(40, 0.0f);
   EXPECT_THROW(m->backward(d.data(), 3), Error);
-  m->forward(b.x.data(), 4, Mode::Eval);
-  EXPECT_THROW(m->backward(d.data(), 4), Error);
+  // After evaluation, in one piece or in micro-shards, the error says what
+  // is missing: a training forward.
+  for (int shard : {0, 2}) {
+    m->forward(b.x.data(), 4, Mode::Eval, shard);
+    try {
+      m->backward(d.data(), 4);
+      ADD_FAILURE() << "backward after an evaluation forward (shard " << shard << ")";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("without a training forward"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(ModelGraph, UnknownNameListsKnownModels) {
