@@ -159,7 +159,8 @@ class ExactGradientSum {
 };
 
 // The sums in host memory, the gradients read from host memory (the CPU
-// device), all-reduced with Communicator::allreduce_int64.
+// device), all-reduced in place with Communicator::allreduce_int64_async:
+// each run of params ready() marks at once, the rest in finish.
 class HostExactGradientSum final : public ExactGradientSum {
  public:
   HostExactGradientSum(std::vector<size_t> param_numels, int shards);
