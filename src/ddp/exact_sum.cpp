@@ -79,9 +79,13 @@ void ExactGradientSum::set_exponents(const std::vector<int64_t>& e) {
 void ExactGradientSum::add(const float* grads) { add(grads, 0, numels_.size()); }
 
 void ExactGradientSum::add(const float* grads, size_t first, size_t count) {
-  DDP_CHECK(first + count <= numels_.size(), "--deterministic: parameters ", first, " .. ", first + count,
-            " of ", numels_.size());
+  check_params(first, count);
   add(0, grads + offsets_[first], first, count);
+}
+
+void ExactGradientSum::check_params(size_t first, size_t count) const {
+  DDP_CHECK(first + count <= numels_.size(), "--deterministic: parameters ", first, " .. ", first + count, " of ",
+            numels_.size());
 }
 
 void ExactGradientSum::check_add(int lane, int lanes, size_t first, size_t count) const {
@@ -90,8 +94,7 @@ void ExactGradientSum::check_add(int lane, int lanes, size_t first, size_t count
 }
 
 void ExactGradientSum::ready(comm::Communicator& comm, size_t first, size_t count) {
-  DDP_CHECK(first + count <= numels_.size(), "--deterministic: parameters ", first, " .. ", first + count,
-            " of ", numels_.size());
+  check_params(first, count);
   if (count > 0) start_reduce(comm, first, count);
 }
 
@@ -154,8 +157,7 @@ void HostExactGradientSum::add(int lane, const float* g, size_t first, size_t co
 }
 
 void HostExactGradientSum::fold(size_t first, size_t count) {
-  DDP_CHECK(first + count <= numels_.size(), "--deterministic: parameters ", first, " .. ", first + count,
-            " of ", numels_.size());
+  check_params(first, count);
   if (count == 0) return;
   const size_t base = offsets_[first], span = offsets_[first + count - 1] + numels_[first + count - 1] - base;
   for (size_t l = 0; l < lane_acc_.size(); ++l) {

@@ -101,10 +101,7 @@ class CudaExactGradientSum final : public ExactGradientSum {
       DDP_CUDA_CHECK_LAUNCH(quantize_add_kernel);
     }
   }
-  void fold(size_t first, size_t count) override {
-    DDP_CHECK(first + count <= numels_.size(), "--deterministic: parameters ", first, " .. ", first + count,
-              " of ", numels_.size());
-  }
+  void fold(size_t first, size_t count) override { check_params(first, count); }
 
  private:
   void clear_sums() override {

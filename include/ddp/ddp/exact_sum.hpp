@@ -129,7 +129,9 @@ class ExactGradientSum {
   // param_numels in flat order; shards: micro-shards of the global batch,
   // over all ranks together.
   ExactGradientSum(std::vector<size_t> param_numels, int shards);
-  // Checks an add's lane and parameters (lanes: how many there are).
+  // Checks that params [first, first + count) exist; and an add's lane and
+  // parameters (lanes: how many there are).
+  void check_params(size_t first, size_t count) const;
   void check_add(int lane, int lanes, size_t first, size_t count) const;
   // The device's part: empty the sums; this rank's largest |g| per parameter
   // since then (+infinity where one was a NaN or infinite); the sums over
