@@ -30,19 +30,9 @@ std::shared_ptr<Work> Communicator::allreduce_compressed_async(float* data, size
   DDP_FAIL(what, ": --grad-compression ", wire_name(wire), " is not available on the ", backend(), " backend");
 }
 
-namespace {
-
-class DoneAtOnce final : public Work {
- public:
-  void wait() override {}
-  bool done() override { return true; }
-};
-
-}  // namespace
-
 std::shared_ptr<Work> Communicator::allreduce_int64_async(int64_t* data, size_t count, std::string what) {
   allreduce_int64(data, count, what);
-  return std::make_shared<DoneAtOnce>();
+  return std::make_shared<DoneWork>();
 }
 
 }  // namespace ddp::comm

@@ -91,13 +91,6 @@ class EventPool {
   std::vector<cudaEvent_t> free_;
 };
 
-// An all-reduce of nothing: done at once.
-class DoneWork final : public Work {
- public:
-  void wait() override {}
-  bool done() override { return true; }
-};
-
 // broadcast, barrier, allgather and allreduce_doubles on host memory, by the
 // MPI communicator the backend was given, on the caller's thread, under this communicator's timeout (set_timeout is
 // not virtual: it is pushed into the MPI communicator at each use).

@@ -41,7 +41,6 @@ namespace ddp::comm {
 namespace {
 
 using cuda_util::bounded;
-using cuda_util::DoneWork;
 using cuda_util::EventPool;
 using cuda_util::quietly;
 using cuda_util::stream_done;
