@@ -30,12 +30,12 @@ CudaConvReluPool::CudaConvReluPool(const Op& op, cuda::Context& ctx)
 void CudaConvReluPool::begin_lanes(int batch) { pre_.reserve(ctx_, size_t(batch) * size_t(conv_.numel())); }
 
 float* CudaConvReluPool::pre(const OpArgs& a) {
-  return pre_.data() + size_t(a.lane >= 0 ? a.first : 0) * size_t(conv_.numel());
+  return pre_.data() + size_t(first_sample(a)) * size_t(conv_.numel());
 }
 
 void CudaConvReluPool::forward(const OpArgs& a) {
   if (a.lane < 0) pre_.reserve(ctx_, size_t(a.batch) * size_t(conv_.numel()));
-  DDP_CHECK(size_t(a.lane >= 0 ? a.first : 0) + size_t(a.batch) <= pre_.size() / size_t(conv_.numel()),
+  DDP_CHECK(size_t(first_sample(a)) + size_t(a.batch) <= pre_.size() / size_t(conv_.numel()),
             "op ", op_.name, ": images ", a.first, " .. ", a.first + a.batch, " beyond the batch begin_lanes sized");
   conv_op_.forward(ctx_, a.batch, a.x[0], a.p[0], a.p[1], pre(a));
   avgpool2_forward_cuda(int64_t(a.batch) * conv_.c, conv_.h, conv_.w, pre(a), /*relu=*/true, a.y, ctx_.compute());

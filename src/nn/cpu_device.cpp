@@ -122,7 +122,7 @@ class ConvReluPool final : public Kernel {
     if (mask_.size() < size_t(batch) * image_mask_) mask_.resize(size_t(batch) * image_mask_);
     mask_batch_ = batch;
   }
-  uint8_t* mask(const OpArgs& a) { return mask_.data() + size_t(a.lane >= 0 ? a.first : 0) * image_mask_; }
+  uint8_t* mask(const OpArgs& a) { return mask_.data() + size_t(first_sample(a)) * image_mask_; }
   const Op& op_;
   LaneScratch lanes_;
   size_t image_mask_;  // bytes of relu mask per image

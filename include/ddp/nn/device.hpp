@@ -64,6 +64,11 @@ struct OpArgs {
   int64_t first = 0;
 };
 
+// Where this call's first sample sits in the whole batch: `first` on a lane,
+// 0 off the lanes (the call has the whole batch). What a kernel keeps per
+// sample between forward and backward goes there.
+inline int64_t first_sample(const OpArgs& a) { return a.lane >= 0 ? a.first : 0; }
+
 // Sums over ranks that an op needs in the middle of forward or backward
 // (SyncBatchNorm's per-channel statistics): in place, host memory, blocking,
 // collective (every rank calls it in the same order).
