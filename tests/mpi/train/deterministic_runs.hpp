@@ -76,9 +76,10 @@ inline std::vector<uint32_t> bits(const std::vector<float>& v) {
 using MakeBackend = std::function<std::unique_ptr<Backend>(const World& w, const Config& cfg)>;
 
 // `steps` steps at lr 0.1 from `start`, each on this rank's part of its
-// global batch; the state after them.
+// global batch; the state after them. With redone, the steps that had to be
+// computed again (ddp/exact_sum.hpp) go there.
 inline TrainState run_steps(const World& w, const nn::Graph& g, const TrainState& start, int steps,
-                            const MakeBackend& make) {
+                            const MakeBackend& make, int64_t* redone = nullptr) {
   const Config cfg = deterministic_config();
   Replica replica(cfg, optimizer_options(cfg), make(w, cfg), g);
   replica.push(start);
@@ -86,6 +87,7 @@ inline TrainState run_steps(const World& w, const nn::Graph& g, const TrainState
     EXPECT_TRUE(replica.train_step(my_part(w.rank, w.size, s), 0.1).grads_finite) << "step " << s;
   TrainState after;
   replica.pull(after);
+  if (redone) *redone = replica.exact_sum()->redone_steps();
   return after;
 }
 

@@ -12,26 +12,23 @@
 
 #include "ddp/comm/communicator.hpp"  // make_mpi_communicator
 #include "ddp/ddp/exact_sum.hpp"      // kMaxExponent
-#include "deterministic_runs.hpp"     // small nets, my_part, expect_world_matches_one_rank
+#include "deterministic_runs.hpp"     // small nets, run_steps, expect_world_matches_one_rank
 
 namespace ddp::train {
 namespace {
 
 using test::kShards;
-using test::my_part;
 using test::small_bn_net;
 
-// One step from `start` (exponents as given; empty: the defaults); the
-// replica's state after it and the steps it redid.
-std::pair<TrainState, int64_t> one_step(const World& w, const nn::Graph& g, TrainState start) {
-  Config cfg = test::deterministic_config();
-  cfg.momentum = 0.0;
-  Replica replica(cfg, optimizer_options(cfg), make_cpu_backend(comm::make_mpi_communicator(w), 1), g);
-  replica.push(start);
-  EXPECT_TRUE(replica.train_step(my_part(w.rank, w.size), 0.1).grads_finite);
-  TrainState after;
-  replica.pull(after);
-  return {after, replica.exact_sum()->redone_steps()};
+// One step from `start` (exponents as given; empty: the defaults), on one
+// thread; the replica's state after it and the steps it redid.
+std::pair<TrainState, int64_t> one_step(const World& w, const nn::Graph& g, const TrainState& start) {
+  int64_t redone = 0;
+  const TrainState after = test::run_steps(
+      w, g, start, 1,
+      [](const World& world, const Config&) { return make_cpu_backend(comm::make_mpi_communicator(world), 1); },
+      &redone);
+  return {after, redone};
 }
 
 TEST(DeterministicStep, ARedoneStepMovesTheRunningStatisticsOnce) {
