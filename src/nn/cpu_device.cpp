@@ -320,6 +320,17 @@ class CpuDevice final : public Device {
   void add(float* dst, const float* src, size_t n) override {
     for (size_t i = 0; i < n; ++i) dst[i] += src[i];
   }
+  void scale(float* p, size_t n, float s) override {
+    for (size_t i = 0; i < n; ++i) p[i] *= s;
+  }
+  void round(float* dst, const float* src, size_t n, Precision prec) override {
+    if (prec == Precision::BF16)
+      for (size_t i = 0; i < n; ++i) dst[i] = round_to(Precision::BF16, src[i]);
+    else if (prec == Precision::F16)
+      for (size_t i = 0; i < n; ++i) dst[i] = round_to(Precision::F16, src[i]);
+    else if (dst != src && n)
+      std::memcpy(dst, src, n * sizeof(float));
+  }
   void to_host(float* host, const float* dev, size_t n) override {
     if (n) std::memcpy(host, dev, n * sizeof(float));
   }

@@ -22,6 +22,17 @@ __global__ void add_kernel(int64_t n, float* __restrict__ dst, const float* __re
     dst[i] += src[i];
 }
 
+__global__ void scale_kernel(int64_t n, float s, float* __restrict__ p) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    p[i] *= s;
+}
+
+// Note [mixed precision]: dst may be src, so neither is __restrict__.
+__global__ void round_kernel(int64_t n, Precision prec, float* dst, const float* src) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = round_to(prec, src[i]);
+}
+
 class CudaArray final : public Array {
  public:
   CudaArray(cuda::Context& ctx, size_t n) : buf_(ctx, n) {
@@ -71,6 +82,18 @@ class CudaDevice final : public Device {
     if (n == 0) return;
     add_kernel<<<cuda_grid(int64_t(n)), kCudaThreads, 0, ctx_.compute()>>>(int64_t(n), dst, src);
     DDP_CUDA_CHECK_LAUNCH(add_kernel);
+  }
+
+  void scale(float* p, size_t n, float s) override {
+    if (n == 0) return;
+    scale_kernel<<<cuda_grid(int64_t(n)), kCudaThreads, 0, ctx_.compute()>>>(int64_t(n), s, p);
+    DDP_CUDA_CHECK_LAUNCH(scale_kernel);
+  }
+
+  void round(float* dst, const float* src, size_t n, Precision prec) override {
+    if (n == 0) return;
+    round_kernel<<<cuda_grid(int64_t(n)), kCudaThreads, 0, ctx_.compute()>>>(int64_t(n), prec, dst, src);
+    DDP_CUDA_CHECK_LAUNCH(round_kernel);
   }
 
   void to_host(float* host, const float* dev, size_t n) override {

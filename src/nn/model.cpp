@@ -86,6 +86,9 @@ Model::Model(Graph graph, Device& device, StatsReducer* stats)
   }
   acts_.resize(g.values.size());
   dacts_.resize(g.values.size());
+  for (const Op& op : g.ops)
+    half_op_.push_back(op.kind == OpKind::Conv2d || op.kind == OpKind::ConvReluPool || op.kind == OpKind::Linear);
+  half_in_.resize(n_ops);
 }
 
 Model::~Model() = default;
@@ -119,6 +122,32 @@ void Model::get_buffers(ModelState& s) {
 
 void Model::zero_grads() { device_.fill(grads(), graph_.num_params, 0.0f); }
 
+std::pair<size_t, size_t> Model::param_span(size_t i) const {
+  const std::vector<size_t>& ps = graph_.op_params[i];
+  if (ps.empty()) return {0, 0};
+  // An op's tensors are adjacent in flat order (Note [flat layout]).
+  const TensorInfo &first = graph_.params[ps.front()], &last = graph_.params[ps.back()];
+  return {first.offset, last.offset + last.numel - first.offset};
+}
+
+void Model::set_precision(Precision p) {
+  precision_ = p;
+  const bool half = p != Precision::F32;
+  size_t most = 1;
+  for (size_t i = 0; i < graph_.ops.size(); ++i)
+    if (half_op(i)) most = std::max(most, param_span(i).second);
+  half_params_ = half ? device_.alloc(graph_.num_params) : nullptr;
+  half_dp_ = half ? device_.alloc(most) : nullptr;
+  // The half ops read their weights from the rounded copy.
+  for (size_t i = 0; i < graph_.ops.size(); ++i) {
+    float* base = half_op(i) ? half_params_->data() : params();
+    for (size_t j = 0; j < graph_.op_params[i].size(); ++j)
+      args_[i].p[j] = base + graph_.params[graph_.op_params[i][j]].offset;
+  }
+  capacity_ = 0;  // the next forward sizes the rounded inputs
+  last_batch_ = -1;
+}
+
 float* Model::value(int v) { return acts_[size_t(v)]->data(); }
 
 void Model::reserve(int batch) {
@@ -140,6 +169,11 @@ void Model::reserve(int batch) {
     dacts_[v] = s >= 0 ? grad_slots_[size_t(s)]->data() : nullptr;
   }
   scratch_ = device_.alloc(largest);
+  // Note [mixed precision]: the half ops' rounded inputs and d(output).
+  const bool half = precision_ != Precision::F32;
+  half_dy_ = half ? device_.alloc(largest) : nullptr;
+  for (size_t i = 0; i < graph_.ops.size(); ++i)
+    half_in_[i] = half_op(i) ? device_.alloc(size_t(batch) * size_t(graph_.ops[i].in.numel())) : nullptr;
   capacity_ = batch;
 }
 
@@ -151,6 +185,11 @@ const float* Model::forward(const float* x, int batch, Mode mode, int shard) {
   reserve(batch);
   input_ = x;
   const int64_t shards = shard > 0 ? (batch + shard - 1) / shard : 0;
+  // Note [mixed precision]: the weights as the half ops compute with them.
+  if (precision_ != Precision::F32)
+    for (size_t i = 0; i < graph_.ops.size(); ++i)
+      if (const auto [at, n] = param_span(i); half_op(i) && n)
+        device_.round(half_params_->data() + at, params() + at, n, precision_);
   for (size_t i = 0; i < graph_.ops.size(); ++i) {
     OpArgs& a = args_[i];
     a.batch = batch;
@@ -159,6 +198,10 @@ const float* Model::forward(const float* x, int batch, Mode mode, int shard) {
     for (size_t j = 0; j < op.inputs.size(); ++j) a.x[j] = op.inputs[j] == 0 ? x : value(op.inputs[j]);
     a.y = value(int(i) + 1);
     a.counter = graph_.op_counter[i] >= 0 ? &counters_[size_t(graph_.op_counter[i])] : nullptr;
+    if (half_op(i)) {  // one input (GraphBuilder)
+      device_.round(half_in_[i]->data(), a.x[0], size_t(batch) * size_t(op.in.numel()), precision_);
+      a.x[0] = half_in_[i]->data();
+    }
     TraceScope span(mode == Mode::Train ? trace_ : nullptr, Trace::kStep, "forward",
                     trace_ && trace_->active() ? detail::concat(op.name, " (", to_string(op.kind), ")") : "");
     // Note [micro-shards] (device.hpp): BatchNorm takes the whole batch and
@@ -167,10 +210,12 @@ const float* Model::forward(const float* x, int batch, Mode mode, int shard) {
     a.shard = op.kind == OpKind::BatchNorm2d && mode == Mode::Train ? shard : 0;
     if (whole) {
       kernels_[i]->forward(a);
-      continue;
+    } else {
+      kernels_[i]->begin_lanes(batch);
+      device_.for_lanes(shards,
+                        [&](int64_t k, int lane) { kernels_[i]->forward(shard_args(i, a, k, shard, lane)); });
     }
-    kernels_[i]->begin_lanes(batch);
-    device_.for_lanes(shards, [&](int64_t k, int lane) { kernels_[i]->forward(shard_args(i, a, k, shard, lane)); });
+    if (half_op(i)) device_.round(a.y, a.y, size_t(batch) * size_t(op.out.numel()), precision_);
   }
   last_batch_ = mode == Mode::Train ? batch : -1;
   last_shard_ = shard;
@@ -204,10 +249,19 @@ OpArgs Model::shard_args(size_t i, const OpArgs& a, int64_t k, int shard, int la
 
 void Model::take_grads(size_t i, float* g, int lane, ShardGradients& to) {
   const std::vector<size_t>& ps = graph_.op_params[i];
-  // An op's tensors are adjacent in flat order (Note [flat layout]).
-  const TensorInfo &first = graph_.params[ps.front()], &last = graph_.params[ps.back()];
   to.take(lane, g, ps.front(), ps.size());
-  device_.fill(g, last.offset + last.numel - first.offset, 0.0f);
+  device_.fill(g, param_span(i).second, 0.0f);
+}
+
+void Model::rounded_backward(size_t i, const float* dy, const std::vector<float*>& dx) {
+  const auto [base, n] = param_span(i);
+  OpArgs a = args_[i];
+  const std::vector<size_t>& ps = graph_.op_params[i];
+  for (size_t j = 0; j < ps.size(); ++j) a.dp[j] = half_dp_->data() + (graph_.params[ps[j]].offset - base);
+  kernels_[i]->backward(a, dy, dx);
+  device_.round(half_dp_->data(), half_dp_->data(), n, precision_);
+  device_.add(grads() + base, half_dp_->data(), n);
+  device_.fill(half_dp_->data(), n, 0.0f);
 }
 
 void Model::backward(const float* dlogits, int batch, const std::function<void(size_t)>& on_ready) {
@@ -220,10 +274,7 @@ void Model::backward_shards(const float* dlogits, int batch, ShardGradients& to)
   DDP_CHECK(last_batch_ < 0 || last_shard_ > 0, "model ", name(), ": backward_shards after a forward of one batch");
   if (lane_grads_.empty()) {
     size_t most = 0;
-    for (const std::vector<size_t>& ps : graph_.op_params)
-      if (!ps.empty())
-        most = std::max(most, graph_.params[ps.back()].offset + graph_.params[ps.back()].numel -
-                                  graph_.params[ps.front()].offset);
+    for (size_t i = 0; i < graph_.ops.size(); ++i) most = std::max(most, param_span(i).second);
     for (int l = 0; l < device_.lanes(); ++l) lane_grads_.push_back(device_.alloc(std::max<size_t>(most, 1)));
   }
   run_backward(dlogits, batch, {}, &to);
@@ -244,6 +295,10 @@ void Model::run_backward(const float* dlogits, int batch, const std::function<vo
     const Op& op = graph_.ops[i];
     const int out = int(i) + 1;
     const float* dy = out == graph_.output ? dlogits : dacts_[size_t(out)];
+    if (half_op(i)) {  // Note [mixed precision]
+      device_.round(half_dy_->data(), dy, size_t(batch) * size_t(op.out.numel()), precision_);
+      dy = half_dy_->data();
+    }
     dx.assign(op.inputs.size(), nullptr);
     std::vector<size_t> add_later;
     for (size_t j = 0; j < op.inputs.size(); ++j) {
@@ -262,7 +317,10 @@ void Model::run_backward(const float* dlogits, int batch, const std::function<vo
                     trace_ && trace_->active() ? detail::concat(op.name, " (", to_string(op.kind), ")") : "");
     const std::vector<size_t>& ps = graph_.op_params[i];
     if (!to) {
-      kernels_[i]->backward(args_[i], dy, dx);
+      if (half_op(i) && !ps.empty())
+        rounded_backward(i, dy, dx);
+      else
+        kernels_[i]->backward(args_[i], dy, dx);
     } else if (op.kind == OpKind::BatchNorm2d) {
       // Note [micro-shards]: the kernel hands over its shards' gradients, in
       // grads(), off the lanes.
@@ -280,10 +338,16 @@ void Model::run_backward(const float* dlogits, int batch, const std::function<vo
         for (size_t j = 0; j < op.inputs.size(); ++j)
           if (dx_part[j]) dx_part[j] += part.first * graph_.values[size_t(op.inputs[j])].numel();
         kernels_[i]->backward(part, dy + part.first * graph_.values[i + 1].numel(), dx_part);
+        if (half_op(i) && !ps.empty()) device_.round(g, g, param_span(i).second, precision_);
         if (!ps.empty()) take_grads(i, g, lane, *to);
       });
     }
     if (to && !ps.empty()) to->taken(ps.front(), ps.size());
+    if (half_op(i))
+      for (size_t j = 0; j < op.inputs.size(); ++j)
+        if (dx[j])
+          device_.round(dx[j], dx[j], size_t(batch) * size_t(graph_.values[size_t(op.inputs[j])].numel()),
+                        precision_);
     for (size_t j : add_later) {
       const int v = op.inputs[j];
       device_.add(dacts_[size_t(v)], scratch_->data(), size_t(batch) * size_t(graph_.values[size_t(v)].numel()));

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "ddp/nn/graph.hpp"
+#include "ddp/nn/precision.hpp"
 
 namespace ddp::nn {
 
@@ -140,6 +141,9 @@ class Device {
   virtual std::unique_ptr<Array> alloc(size_t n) = 0;
   virtual void fill(float* p, size_t n, float value) = 0;
   virtual void add(float* dst, const float* src, size_t n) = 0;  // dst += src
+  virtual void scale(float* p, size_t n, float s) = 0;             // p *= s
+  // dst[i] = round_to(prec, src[i]) (Note [mixed precision]); dst may be src.
+  virtual void round(float* dst, const float* src, size_t n, Precision prec) = 0;
   // Copies between host and device memory; both return when the copy is done.
   virtual void to_host(float* host, const float* dev, size_t n) = 0;
   virtual void from_host(float* dev, const float* host, size_t n) = 0;

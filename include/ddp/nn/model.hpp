@@ -9,11 +9,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/core/trace.hpp"  // Trace: --trace's per-op spans
 #include "ddp/nn/device.hpp"
 #include "ddp/nn/graph.hpp"
+#include "ddp/nn/precision.hpp"
 
 namespace ddp::nn {
 
@@ -77,6 +79,11 @@ class Model {
 
   void zero_grads();
 
+  // Note [mixed precision] (precision.hpp): what convolutions and linear
+  // layers compute in from the next forward on; fp32 until set.
+  void set_precision(Precision p);
+  Precision precision() const { return precision_; }
+
   // Logits of a batch (device memory: batch * output_shape().numel() floats,
   // owned by the model, valid until the next forward). x is read again by
   // backward: the caller keeps it until then. Eval mode uses BatchNorm's
@@ -116,6 +123,13 @@ class Model {
   // parameter's offset) to `to` from lane `lane`, and zeroes them.
   void take_grads(size_t i, float* g, int lane, ShardGradients& to);
   void reserve(int batch);
+  // Note [mixed precision]: whether op i computes in precision_ (not fp32),
+  // and its parameters' span in flat order.
+  bool half_op(size_t i) const { return precision_ != Precision::F32 && half_op_[i]; }
+  std::pair<size_t, size_t> param_span(size_t i) const;  // offset, count
+  // Op i's backward with its parameter gradients rounded (half_dp_ in
+  // between) before they are added to grads().
+  void rounded_backward(size_t i, const float* dy, const std::vector<float*>& dx);
   Graph graph_;
   Device& device_;
   std::vector<std::unique_ptr<Kernel>> kernels_;
@@ -133,6 +147,13 @@ class Model {
   // Note [lanes]: each lane's parameter gradients of one op (as many floats
   // as the op with the most parameters has), made at the first backward_shards.
   std::vector<std::unique_ptr<Array>> lane_grads_;
+  // Note [mixed precision]: the half ops' weights rounded (at each forward),
+  // per half op its input rounded, d(output) rounded, and one op's parameter
+  // gradients before they are rounded (zero between uses).
+  Precision precision_ = Precision::F32;
+  std::vector<bool> half_op_;  // per op: a Conv2d, ConvReluPool or Linear
+  std::unique_ptr<Array> half_params_, half_dy_, half_dp_;
+  std::vector<std::unique_ptr<Array>> half_in_;
   const float* input_ = nullptr;  // x of the last forward
   int capacity_ = 0;              // batch the arrays hold
   int last_batch_ = -1;           // batch of the last training forward; -1: none

@@ -1,0 +1,44 @@
+// ddp::nn::Precision: what --precision computes convolutions and linear
+// layers in.
+//
+// Note [mixed precision]: PyTorch's autocast, the part of it a model of
+// convolutions and linear layers meets. In bf16 or fp16 a Conv2d, a fused
+// conv-relu-pool or a Linear takes its input, its weight and its bias rounded
+// to the half format, accumulates in fp32, and gives its output rounded to
+// it; backward takes d(output) rounded, and gives d(input) and its parameter
+// gradients rounded, each gradient rounded before it is added to the fp32
+// gradient buffer (where --accumulate sums micro-batches, as autocast's casts
+// back to fp32 do). Every other op (BatchNorm, ReLU, pooling, the loss), the
+// master weights and the optimizer stay fp32. In fp16 a value beyond 65504
+// becomes an infinity, which is what the loss scaler (optim/grad_scaler.hpp)
+// is for. Model (model.hpp) applies these roundings around the kernels,
+// through Device::round, for every device alike; the product of two halves
+// is exact in fp32, so fp32 kernels given rounded operands compute what half
+// kernels accumulating in fp32 do, up to the order of their sums.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ddp/core/half.hpp"         // float_to_bf16, float_to_fp16 and back
+#include "ddp/core/host_device.hpp"  // DDP_HOST_DEVICE
+
+namespace ddp::nn {
+
+enum class Precision { F32, BF16, F16 };
+
+const char* to_string(Precision p);  // "fp32", "bf16", "fp16"
+// "fp32", "bf16" or "fp16"; throws ddp::Error naming anything else.
+Precision parse_precision(const std::string& s);
+
+// x rounded to the nearest value of p's format (ties to even), as a float:
+// beyond fp16's range an infinity, NaN a NaN.
+DDP_HOST_DEVICE inline float round_to(Precision p, float x) {
+  switch (p) {
+    case Precision::BF16: return bf16_to_float(float_to_bf16(x));
+    case Precision::F16: return fp16_to_float(float_to_fp16(x));
+    default: return x;
+  }
+}
+
+}  // namespace ddp::nn
