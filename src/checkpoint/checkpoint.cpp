@@ -254,6 +254,11 @@ void check_compatible(const std::string& path, const std::map<std::string, std::
   for (const char* first : {"model", "optimizer"})
     if (const auto m = current.find(first); m != current.end()) check(m->first, m->second);
   for (const auto& [k, v] : current) check(k, v);
+  // Settings recorded only where they are not their default: one the
+  // checkpoint has and this run does not is this run at its default.
+  static const std::map<std::string, std::string> kDefaults = {{"precision", "fp32"}};
+  for (const auto& [k, v] : kDefaults)
+    if (saved.count(k) && !current.count(k)) check(k, v);
 }
 
 }  // namespace ddp::checkpoint

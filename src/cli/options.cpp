@@ -90,10 +90,8 @@ void validate(const train::Config& c, int world_size) {
   }
   usage(c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
         "--precision must be fp32, bf16 or fp16, got '", c.precision, "'");
-  usage(c.precision == "fp32", "--precision ", c.precision,
-        ": mixed precision is not available in this version of ddp_train (the CPU kernels are fp32 "
-        "only); train with --precision fp32, and --grad-compression ", c.precision,
-        " to halve the gradients' bytes");
+  range("init-scale", c.init_scale, 0x1p-24, 0x1p120);
+  range("growth-interval", c.growth_interval, int64_t(1), int64_t(1) << 40, " steps");
   usage(c.grad_compression == "none" || c.grad_compression == "fp16" || c.grad_compression == "bf16",
         "--grad-compression must be none, fp16 or bf16, got '", c.grad_compression, "'");
   usage(std::isfinite(c.clip_grad_norm) && c.clip_grad_norm >= 0,
@@ -201,8 +199,11 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     ("scale-lr", "linear scaling rule: lr x global batch / 256", cxxopts::value(c.scale_lr))
     ("accumulate", "micro-batches per optimizer step; only the last all-reduces (default 1)", text())
     ("clip-grad-norm", "clip the global gradient L2 norm to X after the all-reduce (default 0: off)", text())
-    ("precision", "fp32 (mixed precision, bf16 and fp16, is not available yet)",
+    ("precision", "fp32, bf16 or fp16: what convolutions and linear layers compute in (autocast); on CPUs "
+      "bf16 and fp16 are rounded, not faster",
          cxxopts::value(c.precision)->default_value(c.precision))
+    ("init-scale", "fp16: the loss scaler's first scale (default 65536, GradScaler's init_scale)", text())
+    ("growth-interval", "fp16: good steps after which the loss scale doubles (default 2000)", text())
     ("grad-compression", "none, fp16 or bf16: gradients all-reduced in 16 bits (half the bytes)",
          cxxopts::value(c.grad_compression)->default_value(c.grad_compression))
     ("seed", "seed of initial weights, shuffling and synthetic data (default 0)", text())
@@ -269,6 +270,11 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     read_number(result, "lr-min", c.lr_min);
     read_number(result, "accumulate", c.accumulate);
     read_number(result, "clip-grad-norm", c.clip_grad_norm);
+    if ((result.count("init-scale") || result.count("growth-interval")) && c.precision != "fp16")
+      throw UsageError("--init-scale and --growth-interval set --precision fp16's loss scaler; add --precision "
+                       "fp16 (bf16 and fp32 need no loss scaling)");
+    read_number(result, "init-scale", c.init_scale);
+    read_number(result, "growth-interval", c.growth_interval);
     read_number(result, "log-every", c.log_every);
     if (result.count("trace-steps")) {
       const std::string w = result["trace-steps"].as<std::string>();

@@ -14,14 +14,15 @@ class CpuKernels final : public Kernels {
   void step(const StepArgs& a) override {
     DDP_CHECK(a.s.kind != Kind::AdamW || (a.a && a.b), "AdamW needs its exp_avg and exp_avg_sq");
     DDP_CHECK(a.s.kind != Kind::Sgd || a.s.mu == 0.0f || a.a, "SGD with momentum needs its buffer");
-    const float gscale = a.sq_norm ? clip_coefficient(a.max_norm, *a.sq_norm) : 1.0f;
+    const float gscale = (a.sq_norm ? clip_coefficient(a.max_norm, *a.sq_norm) : 1.0f) * a.unscale;
     const StepScalars s = a.s;
     for (size_t i = 0; i < a.n; ++i) update_at(i, s, a.decay, gscale, a.p, a.g, a.a, a.b);
   }
 
-  const double* sq_norm(const float* g, size_t n) override {
+  const double* sq_norm(const float* g, size_t n, float unscale) override {
     double sum = 0;
     for (size_t i = 0; i < n; ++i) sum += double(g[i]) * double(g[i]);
+    sum *= double(unscale) * double(unscale);
     sq_ = sum;
     norm_sum_ += std::sqrt(sum);
     return &sq_;

@@ -17,9 +17,9 @@ constexpr int kThreads = 256;  // a power of two: the block sums halve it
 constexpr int kNormBlocks = 512;
 
 __global__ void step_kernel(size_t n, StepScalars s, bool decay, const double* sq_norm, float max_norm,
-                            float* __restrict__ p, const float* __restrict__ g, float* __restrict__ a,
+                            float unscale, float* __restrict__ p, const float* __restrict__ g, float* __restrict__ a,
                             float* __restrict__ b) {
-  const float gscale = sq_norm ? clip_coefficient(max_norm, *sq_norm) : 1.0f;
+  const float gscale = (sq_norm ? clip_coefficient(max_norm, *sq_norm) : 1.0f) * unscale;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     update_at(i, s, decay, gscale, p, g, a, b);
 }
@@ -34,15 +34,17 @@ __global__ void sq_partial_kernel(size_t n, const float* __restrict__ g, double*
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
-// out[0] = sum of the partials; out[1] += its square root (the running sum).
-__global__ void sq_final_kernel(const double* __restrict__ partial, int parts, double* __restrict__ out) {
+// out[0] = sum of the partials times scale_sq; out[1] += its square root (the
+// running sum).
+__global__ void sq_final_kernel(const double* __restrict__ partial, int parts, double scale_sq,
+                                double* __restrict__ out) {
   __shared__ double s[kThreads];
   double v = 0;
   for (int i = threadIdx.x; i < parts; i += blockDim.x) v += partial[i];
   const double total = cuda::block_sum<kThreads>(s, v);
   if (threadIdx.x == 0) {
-    out[0] = total;
-    out[1] += sqrt(total);
+    out[0] = total * scale_sq;
+    out[1] += sqrt(total * scale_sq);
   }
 }
 
@@ -66,14 +68,14 @@ class CudaKernels final : public Kernels {
     if (a.n == 0) return;
     DDP_CHECK(a.p && a.g, "optimizer step: null parameters or gradients");
     const unsigned grid = unsigned(std::min<size_t>((a.n + kThreads - 1) / kThreads, 8192));
-    step_kernel<<<grid, kThreads, 0, stream_>>>(a.n, a.s, a.decay, a.sq_norm, a.max_norm, a.p, a.g, a.a, a.b);
+    step_kernel<<<grid, kThreads, 0, stream_>>>(a.n, a.s, a.decay, a.sq_norm, a.max_norm, a.unscale, a.p, a.g, a.a, a.b);
     DDP_CUDA_CHECK_LAUNCH(step_kernel);
   }
 
-  const double* sq_norm(const float* g, size_t n) override {
+  const double* sq_norm(const float* g, size_t n, float unscale) override {
     sq_partial_kernel<<<kNormBlocks, kThreads, 0, stream_>>>(n, g, partial_);
     DDP_CUDA_CHECK_LAUNCH(sq_partial_kernel);
-    sq_final_kernel<<<1, kThreads, 0, stream_>>>(partial_, kNormBlocks, out_);
+    sq_final_kernel<<<1, kThreads, 0, stream_>>>(partial_, kNormBlocks, double(unscale) * double(unscale), out_);
     DDP_CUDA_CHECK_LAUNCH(sq_final_kernel);
     return out_;
   }

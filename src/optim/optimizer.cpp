@@ -56,10 +56,11 @@ Optimizer::Optimizer(const Options& o, const std::vector<nn::TensorInfo>& params
   for (size_t i = 0; i < names_.size(); ++i) buffers_.push_back(dev.alloc(n_));
 }
 
-void Optimizer::step(double lr, float* p, const float* g) {
+void Optimizer::step(double lr, float* p, const float* g, float unscale) {
   StepArgs a;
   a.p = p;
   a.g = g;
+  a.unscale = unscale;
   StepScalars& s = a.s;
   s.kind = opt_.kind;
   s.lr = static_cast<float>(lr);
@@ -83,7 +84,7 @@ void Optimizer::step(double lr, float* p, const float* g) {
     a.b = buffers_[1]->data();
   }
   if (opt_.max_grad_norm > 0) {
-    a.sq_norm = kernels_.sq_norm(g, n_);
+    a.sq_norm = kernels_.sq_norm(g, n_, unscale);
     a.max_norm = static_cast<float>(opt_.max_grad_norm);
   }
   for (const Run& r : runs_) {

@@ -35,6 +35,14 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
   if (cfg.sync_bn) stats_ = std::make_unique<Stats>(*backend_);
   nn::Device& dev = backend_->device();
   model_ = std::make_unique<nn::Model>(std::move(graph), dev, stats_.get());
+  const nn::Precision precision = nn::parse_precision(cfg.precision);
+  model_->set_precision(precision);
+  if (precision == nn::Precision::F16) {
+    optim::ScalerOptions so;
+    so.init_scale = cfg.init_scale;
+    so.growth_interval = cfg.growth_interval;
+    scaler_ = std::make_unique<optim::GradScaler>(so);
+  }
   const nn::Graph& g = model_->graph();
   std::vector<size_t> numels;
   for (const auto& p : g.params) numels.push_back(p.numel);
@@ -64,6 +72,7 @@ void Replica::push(const TrainState& s) {
   model_->set_state(s.model);
   optimizer_->set_state(s.optimizer);
   if (exact_ && !s.grad_exponents.empty()) exact_->set_exponents(s.grad_exponents);
+  if (scaler_ && s.loss_scale > 0) scaler_->set_state(s.loss_scale, s.scaler_growth_tracker);
 }
 
 void Replica::pull(TrainState& s) {
@@ -71,6 +80,8 @@ void Replica::pull(TrainState& s) {
   model_->get_state(s.model);
   optimizer_->get_state(s.optimizer);
   s.grad_exponents = exact_ ? exact_->exponents() : std::vector<int64_t>{};
+  s.loss_scale = scaler_ ? scaler_->scale() : 0.0f;
+  s.scaler_growth_tracker = scaler_ ? scaler_->growth_tracker() : 0;
 }
 
 void Replica::push_buffers(const nn::ModelState& s) { model_->set_buffers(s); }
@@ -115,9 +126,16 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
   }
   {
     TraceScope span(trace_, Trace::kStep, "optimizer", "optimizer");
-    if (health.grads_finite && backend_->checks_every_step())
+    // fp16's scaler looks at every step's gradients on every device, as
+    // GradScaler.step does (it reads found_inf on the host).
+    if (health.grads_finite && (backend_->checks_every_step() || scaler_))
       health.grads_finite = backend_->all_finite(model_->grads(), model_->num_params());
-    if (health.grads_finite) optimizer_->step(lr, model_->params(), model_->grads());
+    if (health.grads_finite)
+      optimizer_->step(lr, model_->params(), model_->grads(), scaler_ ? 1.0f / scaler_->scale() : 1.0f);
+    if (scaler_) {
+      health.skipped = !health.grads_finite;
+      scaler_->update(health.skipped);
+    }
     backend_->batch_done();
   }
   lap(times_.optimizer);
@@ -144,6 +162,7 @@ void Replica::reduced_passes(const float* x, const int32_t* y, int batch, size_t
         health.loss += *loss / accumulate_;
         health.loss_finite = health.loss_finite && std::isfinite(*loss);
       }
+      scale_dlogits(micro);
     }
     lap(times_.forward);
     {
@@ -220,6 +239,7 @@ void Replica::exact_passes(const float* x, const int32_t* y, int batch, StepHeal
           health.loss_finite = health.loss_finite && std::isfinite(*loss);
         }
       }
+      scale_dlogits(batch);
     }
     lap(times_.forward);
     {
@@ -236,6 +256,10 @@ void Replica::exact_passes(const float* x, const int32_t* y, int batch, StepHeal
     backend_->take_sums();  // the attempt that outgrew its exponents
     model_->set_buffers(before);
   }
+}
+
+void Replica::scale_dlogits(int batch) {
+  if (scaler_) backend_->device().scale(dlogits_->data(), size_t(batch) * size_t(classes_), scaler_->scale());
 }
 
 StepSums Replica::take_sums() {

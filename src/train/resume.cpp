@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -59,6 +60,10 @@ const std::string kOptimizerStep = "optimizer.step";
 // --deterministic's fixed-point exponent per parameter, flat order (Note
 // [fixed-point gradients], ddp/exact_sum.hpp).
 const std::string kGradExponents = "ddp.deterministic.grad_exponents";
+// --precision fp16's loss scaler, as torch.amp.GradScaler's state_dict names
+// them (optim/grad_scaler.hpp).
+const std::string kScalerScale = "scaler.scale";
+const std::string kScalerTracker = "scaler._growth_tracker";
 
 }  // namespace
 
@@ -90,6 +95,10 @@ std::map<std::string, std::string> resume_config(const Config& cfg, const nn::Gr
   if (!g.counters.empty()) c["sync_bn"] = cfg.sync_bn ? "true" : "false";
   // Another cut of the global batch sums other floats: not the same run.
   if (cfg.deterministic_shards > 0) c["deterministic_shards"] = std::to_string(cfg.deterministic_shards);
+  // Other roundings are another run (a checkpoint that has it, resumed
+  // without it, is refused too: checkpoint::check_compatible).
+  if (cfg.precision != "fp32") c["precision"] = cfg.precision;
+  if (cfg.precision == "fp16") c["loss_scale_growth_interval"] = std::to_string(cfg.growth_interval);
   return c;
 }
 
@@ -105,6 +114,10 @@ std::vector<checkpoint::TensorView> checkpoint_tensors(const nn::Graph& g, const
   for (const auto& [name, data] : s.optimizer.buffers)
     for (const auto& p : g.params)
       views.push_back({kOptimizerPrefix + name + "." + p.name, p.shape, data.data() + p.offset});
+  if (s.loss_scale > 0) {
+    views.push_back({kScalerScale, {}, &s.loss_scale});
+    views.push_back({kScalerTracker, {}, nullptr, &s.scaler_growth_tracker});
+  }
   return views;
 }
 
@@ -150,6 +163,15 @@ void check_resumable(const std::string& path, const checkpoint::Checkpoint& ckpt
       DDP_CHECK(x >= -kMaxExponent && x <= kMaxExponent, path, ": tensor '", kGradExponents, "' holds ", x,
                 ", outside [", -kMaxExponent, ", ", kMaxExponent, "]");
   }
+  if (const auto* scale = ckpt.file.find(kScalerScale)) {
+    check_tensor(kScalerScale, {}, checkpoint::Dtype::F32);
+    check_tensor(kScalerTracker, {}, checkpoint::Dtype::I64);
+    const float v = scale->data.at(0);
+    const int64_t t = ckpt.file.find(kScalerTracker)->ints.at(0);
+    DDP_CHECK(std::isfinite(v) && v > 0, path, ": tensor '", kScalerScale, "' holds ", v,
+              ", not a positive loss scale");
+    DDP_CHECK(t >= 0, path, ": tensor '", kScalerTracker, "' holds ", t, ", a negative count of steps");
+  }
   // The optimizer's buffers for every parameter, once it has stepped (older
   // checkpoints have no step count: their buffers say whether it has).
   const auto* step = ckpt.file.find(kOptimizerStep);
@@ -178,6 +200,12 @@ void restore(const checkpoint::Checkpoint& ckpt, const nn::Graph& g, const optim
   for (size_t i = 0; i < g.counters.size(); ++i) s.model.counters[i] = ckpt.file.find(g.counters[i])->ints.at(0);
   s.grad_exponents.clear();
   if (const auto* e = ckpt.file.find(kGradExponents)) s.grad_exponents = e->ints;
+  s.loss_scale = 0;
+  s.scaler_growth_tracker = 0;
+  if (const auto* scale = ckpt.file.find(kScalerScale)) {
+    s.loss_scale = scale->data.at(0);
+    s.scaler_growth_tracker = ckpt.file.find(kScalerTracker)->ints.at(0);
+  }
   s.optimizer = {};
   const auto names = optim::buffer_names(opt);
   if (const auto* step = ckpt.file.find(kOptimizerStep))

@@ -44,6 +44,10 @@ namespace ddp::train {
 
 namespace {
 
+// --precision fp16: a loss scale below this (40 halvings of the default
+// 65536 in a row) ends the run as diverged.
+constexpr float kMinLossScale = 0x1p-24f;
+
 using json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
@@ -102,6 +106,17 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
   if (cfg.scale_lr)
     out << " (--scale-lr: " << cfg.lr << " x global batch " << cfg.batch_size << " / 256)";
   if (cfg.grad_compression != "none") out << "; gradients all-reduced as " << cfg.grad_compression;
+  if (cfg.precision != "fp32") {
+    out << "\nddp_train: precision " << cfg.precision
+        << ": convolutions and linear layers take their inputs, weights and output gradients in "
+        << cfg.precision << " and accumulate in fp32 (autocast); master weights, optimizer, BatchNorm and loss fp32";
+    if (const optim::GradScaler* s = replica.scaler())
+      out << "; loss scale " << s->scale() << ", halved on a step with non-finite gradients (skipped), doubled after "
+          << s->options().growth_interval << " good steps";
+    if (ranks[0].device == std::string("cpu"))
+      out << "; on CPUs the values are rounded to " << cfg.precision
+          << " and computed in fp32: a GPU's numerics, not its speed";
+  }
   if (cfg.deterministic_shards > 0)
     out << "\nddp_train: deterministic: " << cfg.deterministic_shards << " micro-shards of "
         << cfg.batch_size / cfg.deterministic_shards
@@ -348,6 +363,12 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     backend = make_cpu_backend(watchdog ? watchdog->watch(std::move(host_comm)) : std::move(host_comm));
   }
   DDP_CHECK(backend, "--device ", place.device, ": not in this build");
+  if (cfg.precision != "fp32" && place.device == "cuda")
+    // Model's roundings run on the GPU too (Note [mixed precision]), but
+    // not yet cuDNN's and cuBLAS's half kernels, nor any run on a GPU.
+    throw UsageError(detail::concat("--precision ", cfg.precision,
+                                    " is not yet available with GPUs (--device cuda); use --precision fp32, or "
+                                    "--device cpu to check a recipe's numerics"));
   if (cfg.grad_compression != "none" && place.device == "cuda")
     // The GPU communicators have it too (tests/mpi/cuda), but it has not run
     // on a GPU yet: refused until it has.
@@ -483,6 +504,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       return s;
     };
     StepStats epoch_times;
+    int64_t skipped_steps = 0;  // by fp16's loss scaler, this epoch
     for (;;) {
       if (trace) {
         if (trace->window_passed(state.global_step + 1)) write_trace();  // not part of any step's time
@@ -502,7 +524,20 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
                     {{"step", state.global_step + 1}, {"epoch", epoch + 1}});
       epoch_times.add(data_wait, replica->step_times());
       run_steps.add(data_wait, replica->step_times());
-      if (!health.grads_finite) diverged(comm, health, epoch, step + 1, state.global_step + 1);
+      if (health.skipped) {
+        // fp16's scaler skipped the step (every rank alike) and halved its
+        // scale; a scale this small means the gradients are not finite at
+        // any scale.
+        ++skipped_steps;
+        if (replica->scaler()->scale() < kMinLossScale)
+          throw CollectiveError(detail::concat(
+              "training diverged at epoch ", epoch + 1, ", step ", step + 1, " (global step ", state.global_step + 1,
+              "): --precision fp16's loss scale fell to ", replica->scaler()->scale(),
+              ", every step skipped for non-finite gradients; nothing of it was saved. A smaller --lr, or "
+              "--precision bf16, may help"));
+      } else if (!health.grads_finite) {
+        diverged(comm, health, epoch, step + 1, state.global_step + 1);
+      }
       sums.samples += batch.size;
       run_samples += batch.size;
       ++step;
@@ -604,6 +639,11 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
           std::snprintf(line, sizeof(line), "  grad_norm %.4g", grad_norm);
           out << line;
         }
+        if (const optim::GradScaler* s = replica->scaler()) {
+          std::snprintf(line, sizeof(line), "  loss_scale %g (%lld skipped)", double(s->scale()),
+                        static_cast<long long>(skipped_steps));
+          out << line;
+        }
         out << "\n";
         // The epoch's median step and where its time went, and what the
         // ranks used: an indented line, so that lines starting "epoch " stay
@@ -620,6 +660,10 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
         board->scalar("epoch/lr", at, lr);
         board->scalar("epoch/epoch", at, double(epoch + 1));
         if (cfg.clip_grad_norm > 0) board->scalar("epoch/grad_norm", at, grad_norm);
+        if (const optim::GradScaler* s = replica->scaler()) {
+          board->scalar("epoch/loss_scale", at, double(s->scale()));
+          board->scalar("epoch/skipped_steps", at, double(skipped_steps));
+        }
         if (!breakdown.empty) {
           board->scalar("epoch/step_ms", at, breakdown.step * 1e3);
           for (int i = 0; i < StepBreakdown::kParts; ++i)
@@ -645,6 +689,10 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
                     {"allreduces_per_step", allreduces_per_step},
                     {"allreduce_bytes_per_step", allreduce_bytes_per_step}};
         if (cfg.clip_grad_norm > 0) record["grad_norm"] = grad_norm;
+        if (const optim::GradScaler* s = replica->scaler()) {
+          record["loss_scale"] = double(s->scale());
+          record["skipped_steps"] = skipped_steps;
+        }
         if (!breakdown.empty) breakdown.add_to(record);
         json mem = json::array(), gpu_mem = json::array(), gpu_util = json::array();
         for (const RankUsage& u : usage) {
@@ -704,6 +752,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
                 {"optimizer", cfg.optimizer},
                 {"accumulate", cfg.accumulate},
                 {"grad_compression", cfg.grad_compression},
+                {"precision", cfg.precision},
                 {"allreduces_per_step", allreduces_per_step},
                 {"allreduce_bytes_per_step", allreduce_bytes_per_step},
                 {"test_acc", last_acc},

@@ -28,17 +28,21 @@ struct StepArgs {
   // device's memory), and the largest norm allowed; nullptr: no clipping.
   const double* sq_norm = nullptr;
   float max_norm = 0;
+  // Multiplies every gradient before anything else (the inverse of
+  // --precision fp16's loss scale: GradScaler's unscale), clipping's norm
+  // being of the unscaled gradients.
+  float unscale = 1.0f;
 };
 
 class Kernels {
  public:
   virtual ~Kernels() = default;
   virtual void step(const StepArgs& a) = 0;
-  // The squared L2 norm of g[0, n), summed in an order fixed by n alone (so
-  // every rank, holding the same averaged gradients, gets the same bits),
-  // left in device memory this object owns, valid until the next call. The
-  // norm is also added to a running sum (take_norm_sum).
-  virtual const double* sq_norm(const float* g, size_t n) = 0;
+  // The squared L2 norm of unscale * g[0, n), summed in an order fixed by n
+  // alone (so every rank, holding the same averaged gradients, gets the same
+  // bits), left in device memory this object owns, valid until the next
+  // call. The norm is also added to a running sum (take_norm_sum).
+  virtual const double* sq_norm(const float* g, size_t n, float unscale = 1.0f) = 0;
   // The norms summed since the last call; waits for the device.
   virtual double take_norm_sum() = 0;
 };

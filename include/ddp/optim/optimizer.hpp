@@ -58,8 +58,9 @@ class Optimizer {
   const Options& options() const { return opt_; }
   int64_t steps() const { return step_; }
 
-  // One step at learning rate lr: p -= update(g), every element.
-  void step(double lr, float* p, const float* g);
+  // One step at learning rate lr: p -= update(unscale * g), every element
+  // (unscale: the inverse of the loss scale, optim/grad_scaler.hpp).
+  void step(double lr, float* p, const float* g, float unscale = 1.0f);
   // The gradient norms (before clipping) summed over the steps since the
   // last call; 0 without clipping.
   double take_norm_sum() { return opt_.max_grad_norm > 0 ? kernels_.take_norm_sum() : 0.0; }

@@ -29,7 +29,9 @@ struct Config {
   int accumulate = 1;            // micro-batches per optimizer step (per rank)
   double clip_grad_norm = 0.0;   // > 0: clip the global gradient L2 norm to this
   std::string grad_compression = "none";  // none | fp16 | bf16: what gradients travel as
-  std::string precision = "fp32";  // the only one so far: bf16 and fp16 are refused
+  std::string precision = "fp32";  // fp32 | bf16 | fp16 (Note [mixed precision], nn/precision.hpp)
+  double init_scale = 65536.0;     // fp16's loss scaler (optim/grad_scaler.hpp): its first scale
+  int64_t growth_interval = 2000;  // and the good steps after which it doubles
   uint64_t seed = 0;
   std::string backend = "auto";  // auto | mpi | nccl
   std::string device = "auto";   // auto | cpu | cuda

@@ -26,6 +26,7 @@
 #include "ddp/ddp/exact_sum.hpp"      // ExactGradientSum: --deterministic
 #include "ddp/ddp/reducer.hpp"        // Reducer
 #include "ddp/nn/model.hpp"           // Model, ModelState, Graph
+#include "ddp/optim/grad_scaler.hpp"  // GradScaler: --precision fp16's loss scale
 #include "ddp/optim/optimizer.hpp"    // Optimizer: SGD, AdamW, their state, clipping
 #include "ddp/runtime/world.hpp"      // World
 #include "ddp/train/config.hpp"       // Config
@@ -61,6 +62,9 @@ struct StepTimes {
 struct StepHealth {
   bool grads_finite = true;
   bool loss_finite = true;
+  // --precision fp16: the gradients were not finite and the loss scaler
+  // skipped the step (every rank alike), halving its scale.
+  bool skipped = false;
   double loss = 0;  // this rank's mean loss of the step
 };
 
@@ -72,6 +76,10 @@ struct TrainState {
   // --deterministic's fixed-point exponent per parameter (ddp/exact_sum.hpp);
   // empty without it.
   std::vector<int64_t> grad_exponents;
+  // --precision fp16's loss scaler: its scale (0: none) and its count of good
+  // steps since it last changed.
+  float loss_scale = 0;
+  int64_t scaler_growth_tracker = 0;
 };
 
 class Backend {
@@ -161,6 +169,8 @@ class Replica {
   const ExactGradientSum* exact_sum() const { return exact_.get(); }
   const nn::Graph& graph() const { return model_->graph(); }
   const optim::Optimizer& optimizer() const { return *optimizer_; }
+  // --precision fp16's loss scaler, nullptr without it.
+  const optim::GradScaler* scaler() const { return scaler_.get(); }
 
   // Host state: set (push) and read back (pull). pull waits for the device.
   void push(const TrainState& s);
@@ -174,9 +184,10 @@ class Replica {
   // before the device has finished it; batch may be reused on return. When
   // the averaged gradients hold a NaN or an infinity the parameters are left
   // as they were and grads_finite is false (checked every step where the
-  // backend can afford it, the CPU, and under --deterministic on any device,
-  // whose sum sees it anyway; else a GPU's divergence shows in the epoch's
-  // loss and in the parameters checked before each save).
+  // backend can afford it, the CPU, under --deterministic on any device,
+  // whose sum sees it anyway, and under --precision fp16, whose scaler then
+  // skips the step; else a GPU's divergence shows in the epoch's loss and in
+  // the parameters checked before each save).
   StepHealth train_step(const data::Batch& batch, double lr);
   // The parts of the last train_step's time.
   const StepTimes& step_times() const { return times_; }
@@ -203,6 +214,9 @@ class Replica {
   // fixed-point sum; then its all-reduce.
   void exact_passes(const float* x, const int32_t* y, int batch, StepHealth& health,
                     const std::function<void(double&)>& lap);
+  // --precision fp16: d(loss)/d(logits) of `batch` samples times the loss
+  // scale (the scaled loss's backward, optim/grad_scaler.hpp).
+  void scale_dlogits(int batch);
   class Stats;       // SyncBatchNorm's reducer over the backend's communicator
   class ToExactSum;  // the model's micro-shard gradients into exact_
   std::unique_ptr<Backend> backend_;
@@ -212,6 +226,7 @@ class Replica {
   std::unique_ptr<ExactGradientSum> exact_;  // --deterministic
   int shard_ = 0, global_batch_ = 0;         // --deterministic's micro-shard, in samples
   std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::GradScaler> scaler_;  // --precision fp16
   std::unique_ptr<nn::Array> dlogits_;
   int classes_ = 0, accumulate_ = 1;
   double allreduces_ = 0, allreduce_bytes_ = 0;
