@@ -14,7 +14,7 @@ class CpuKernels final : public Kernels {
   void step(const StepArgs& a) override {
     DDP_CHECK(a.s.kind != Kind::AdamW || (a.a && a.b), "AdamW needs its exp_avg and exp_avg_sq");
     DDP_CHECK(a.s.kind != Kind::Sgd || a.s.mu == 0.0f || a.a, "SGD with momentum needs its buffer");
-    const float gscale = (a.sq_norm ? clip_coefficient(a.max_norm, *a.sq_norm) : 1.0f) * a.unscale;
+    const float gscale = gradient_factor(a.sq_norm, a.max_norm, a.unscale);
     const StepScalars s = a.s;
     for (size_t i = 0; i < a.n; ++i) update_at(i, s, a.decay, gscale, a.p, a.g, a.a, a.b);
   }

@@ -19,7 +19,7 @@ constexpr int kNormBlocks = 512;
 __global__ void step_kernel(size_t n, StepScalars s, bool decay, const double* sq_norm, float max_norm,
                             float unscale, float* __restrict__ p, const float* __restrict__ g, float* __restrict__ a,
                             float* __restrict__ b) {
-  const float gscale = (sq_norm ? clip_coefficient(max_norm, *sq_norm) : 1.0f) * unscale;
+  const float gscale = gradient_factor(sq_norm, max_norm, unscale);
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     update_at(i, s, decay, gscale, p, g, a, b);
 }

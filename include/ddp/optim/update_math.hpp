@@ -40,6 +40,13 @@ DDP_HOST_DEVICE inline float clip_coefficient(float max_norm, double sq) {
   return coef < 1.0f ? coef : 1.0f;
 }
 
+// What a step multiplies every gradient by: unscale (the inverse of the
+// loss scale, 1 without one) times clipping's coefficient where sq, the
+// unscaled gradients' squared norm, is given (nullptr: no clipping).
+DDP_HOST_DEVICE inline float gradient_factor(const double* sq, float max_norm, float unscale) {
+  return (sq ? clip_coefficient(max_norm, *sq) : 1.0f) * unscale;
+}
+
 // torch.lerp(a, b, w) as PyTorch computes it (the form depends on w).
 DDP_HOST_DEVICE inline float lerp(float a, float b, float w) {
   return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w);
