@@ -13,12 +13,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <utility>
 
 #include "ddp/core/error.hpp"            // DDP_CHECK
 #include "ddp/ddp/exact_sum.hpp"
+#include "ddp/core/half.hpp"             // bits_float
 #include "ddp/ddp/fixed_point.hpp"       // to_fixed, from_fixed, magnitude_bits
 #include "ddp/runtime/cuda_check.hpp"    // DDP_CUDA_CHECK, DDP_CUDA_CHECK_LAUNCH
 #include "ddp/runtime/cuda_context.hpp"  // Context: the compute stream, its memory
@@ -115,11 +115,9 @@ class CudaExactGradientSum final : public ExactGradientSum {
     DDP_CUDA_CHECK(cudaMemcpyAsync(host_bits_.data(), max_bits_, numels_.size() * sizeof(unsigned),
                                    cudaMemcpyDeviceToHost, ctx_.compute()));
     sync_("--deterministic: reading the largest gradient per parameter");
-    for (size_t p = 0; p < numels_.size(); ++p) {
-      float f;
-      std::memcpy(&f, &host_bits_[p], sizeof f);
-      out[p] = host_bits_[p] >= 0x7f800000u ? std::numeric_limits<double>::infinity() : double(f);
-    }
+    for (size_t p = 0; p < numels_.size(); ++p)
+      out[p] = host_bits_[p] >= 0x7f800000u ? std::numeric_limits<double>::infinity()
+                                            : double(bits_float(host_bits_[p]));
   }
 
   void reduce_into(comm::Communicator& comm, float* grads) override {

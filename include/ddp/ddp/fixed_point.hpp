@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "ddp/core/half.hpp"         // float_bits
 #include "ddp/core/host_device.hpp"  // DDP_HOST_DEVICE
 
 namespace ddp::fixed_point {
@@ -33,12 +34,8 @@ DDP_HOST_DEVICE inline float from_fixed(int64_t acc, double inv_scale) {
 // infinity: for non-negative floats the bits order as the values do, so the
 // largest |g| of a tensor is an integer maximum (atomicMax on the GPU).
 DDP_HOST_DEVICE inline uint32_t magnitude_bits(float g) {
-  union {
-    float f;
-    uint32_t u;
-  } v{g};
-  v.u &= 0x7fffffffu;
-  return v.u >= 0x7f800000u ? 0x7f800000u : v.u;
+  const uint32_t u = float_bits(g) & 0x7fffffffu;
+  return u >= 0x7f800000u ? 0x7f800000u : u;
 }
 
 // A batch's loss sum rounded to a multiple of 2^-20: sums of such values
