@@ -1,4 +1,5 @@
-// Conv2d on the GPU: the cuDNN convolution of cudnn_conv.cu, bias included.
+// Conv2d on the GPU: the cuDNN convolution of cudnn_conv.cu, bias included,
+// in fp32 or in 16 bits (Note [half kernels]).
 #include "cuda_kernels.hpp"
 
 namespace ddp::nn {
@@ -10,6 +11,12 @@ void CudaConv::forward(const OpArgs& a) { conv_.forward(ctx_, a.batch, a.x[0], a
 
 void CudaConv::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
   conv_.backward(ctx_, a.batch, a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0]);
+}
+
+// Note [half kernels]: the convolution makes every rounding itself.
+bool CudaConv::set_precision(Precision p) {
+  conv_.set_precision(p);
+  return true;
 }
 
 }  // namespace ddp::nn

@@ -39,15 +39,30 @@ void CudaConvReluPool::forward(const OpArgs& a) {
             "op ", op_.name, ": images ", a.first, " .. ", a.first + a.batch, " beyond the batch begin_lanes sized");
   conv_op_.forward(ctx_, a.batch, a.x[0], a.p[0], a.p[1], pre(a));
   avgpool2_forward_cuda(int64_t(a.batch) * conv_.c, conv_.h, conv_.w, pre(a), /*relu=*/true, a.y, ctx_.compute());
+  // Note [half kernels]: the op's output is 16-bit, as every rounding is the
+  // kernel's own (the convolution rounded its output already).
+  round_cuda(a.y, a.y, int64_t(a.batch) * op_.out.numel(), conv_op_.precision(), ctx_.compute());
   fwd_batch_ = a.batch;
 }
 
 void CudaConvReluPool::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
   DDP_CHECK(fwd_batch_ == a.batch, "backward for batch ", a.batch, " after forward of batch ", fwd_batch_);
+  const Precision prec = conv_op_.precision();
+  if (prec != Precision::F32) {  // d(output) in 16 bits (Note [half kernels])
+    const int64_t n = int64_t(a.batch) * op_.out.numel();
+    dy_rounded_.reserve(ctx_, size_t(n));
+    round_cuda(dy_rounded_.data(), dy, n, prec, ctx_.compute());
+    dy = dy_rounded_.data();
+  }
   dpre_.reserve(ctx_, size_t(a.batch) * size_t(conv_.numel()));
   avgpool2_backward_cuda(int64_t(a.batch) * conv_.c, conv_.h, conv_.w, dy, /*mask=*/pre(a), dpre_.data(),
                          ctx_.compute());
   conv_op_.backward(ctx_, a.batch, a.x[0], a.p[0], dpre_.data(), a.dp[0], a.dp[1], dx[0]);
+}
+
+bool CudaConvReluPool::set_precision(Precision p) {
+  conv_op_.set_precision(p);
+  return true;
 }
 
 }  // namespace ddp::nn

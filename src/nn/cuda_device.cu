@@ -27,12 +27,6 @@ __global__ void scale_kernel(int64_t n, float s, float* __restrict__ p) {
     p[i] *= s;
 }
 
-// Note [mixed precision]: dst may be src, so neither is __restrict__.
-__global__ void round_kernel(int64_t n, Precision prec, float* dst, const float* src) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = round_to(prec, src[i]);
-}
-
 class CudaArray final : public Array {
  public:
   CudaArray(cuda::Context& ctx, size_t n) : buf_(ctx, n) {
@@ -91,9 +85,7 @@ class CudaDevice final : public Device {
   }
 
   void round(float* dst, const float* src, size_t n, Precision prec) override {
-    if (n == 0) return;
-    round_kernel<<<cuda_grid(int64_t(n)), kCudaThreads, 0, ctx_.compute()>>>(int64_t(n), prec, dst, src);
-    DDP_CUDA_CHECK_LAUNCH(round_kernel);
+    round_cuda(dst, src, int64_t(n), prec, ctx_.compute());
   }
 
   void to_host(float* host, const float* dev, size_t n) override {

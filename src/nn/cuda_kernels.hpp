@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include "ddp/nn/device.hpp"             // Kernel, OpArgs, StatsReducer
 #include "ddp/nn/graph.hpp"              // Op, Shape
+#include "ddp/nn/precision.hpp"          // Precision: Note [half kernels]
 #include "ddp/runtime/cuda_context.hpp"  // cuda::Context, cuda::DeviceBuffer
 
 namespace ddp::nn {
@@ -38,6 +40,27 @@ void avgpool2_forward_cuda(int64_t planes, int h, int w, const float* x, bool re
 void avgpool2_backward_cuda(int64_t planes, int h, int w, const float* dy, const float* mask, float* dx,
                             cudaStream_t stream);
 
+// Note [half kernels] (half_cuda.cu): the conversions around the 16-bit
+// convolutions and GEMMs, each a launch on `stream`.
+// dst = round_to(p, src), n values (dst may be src; fp32: a copy).
+void round_cuda(float* dst, const float* src, int64_t n, Precision p, cudaStream_t stream);
+// dst = src in p's 16-bit format (p is bf16 or fp16 here and below).
+void to_half_cuda(uint16_t* dst, const float* src, int64_t n, Precision p, cudaStream_t stream);
+// dst = src as floats (exact), or dst += src with add.
+void from_half_cuda(float* dst, const uint16_t* src, int64_t n, Precision p, bool add, cudaStream_t stream);
+// dst += round_to(p, src).
+void add_rounded_cuda(float* dst, const float* src, int64_t n, Precision p, cudaStream_t stream);
+// y = plane_from_half_at (precision.hpp) over images x channels x pixels.
+void planes_from_half_cuda(float* y, const uint16_t* yh, const float* b, int64_t images, int channels,
+                           int64_t pixels, Precision p, cudaStream_t stream);
+// db[c] += round_to(p, the sum of channel c of dyh over images and pixels):
+// a bias's gradient (a linear layer's: pixels = 1).
+void channel_grad_from_half_cuda(float* db, const uint16_t* dyh, int64_t images, int channels, int64_t pixels,
+                                 Precision p, cudaStream_t stream);
+// The context's staging memory cut into pieces of these many bytes, each
+// 256-byte aligned; valid until the next call on this context.
+std::vector<void*> staging_pieces(cuda::Context& ctx, std::initializer_list<size_t> bytes);
+
 // A cuDNN convolution of one geometry (cudnn_conv.cu): the descriptors, and
 // per batch size the algorithms chosen once (Note [conv algorithms]).
 class CudnnConv {
@@ -48,7 +71,14 @@ class CudnnConv {
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;
 
-  // y = conv(x, w) + b (b may be nullptr).
+  // What the convolution computes in from the next call on: fp32 (as made),
+  // or bf16/fp16 on 16-bit copies of its operands (Note [half kernels]); the
+  // calls below take and give fp32 either way.
+  void set_precision(Precision p);
+  Precision precision() const { return precision_; }
+
+  // y = conv(x, w) + b (b may be nullptr); in 16 bits, rounded as Note [half
+  // kernels] says.
   void forward(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, float* y);
   // dw += dconv/dw, db += sum of dy (if db), dx = dconv/dx (if dx): Note
   // [gradient accumulation] in device.hpp.
@@ -58,9 +88,22 @@ class CudnnConv {
  private:
   struct Plan;
   Plan& plan(cuda::Context& ctx, int batch);
-  void release();  // destroys the descriptors
+  void describe();  // the descriptors, for precision_
+  void release();   // destroys them
+  int64_t weight_numel() const { return int64_t(out_.c) * in_.c * k_ * k_; }
+  cudnnMathType_t run_math(cudnnMathType_t ranked) const;
+  // cuDNN's three calls on operands of the descriptors' type, each with its
+  // algorithm's math type; y and dx overwritten, dw = beta * dw + d(conv)/dw.
+  void run_forward(cuda::Context& ctx, const Plan& p, const void* x, const void* w, void* y);
+  void run_backward_filter(cuda::Context& ctx, const Plan& p, const void* x, const void* dy, float beta, void* dw);
+  void run_backward_data(cuda::Context& ctx, const Plan& p, const void* w, const void* dy, void* dx);
+  void forward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, float* y);
+  void backward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy, float* dw,
+                     float* db, float* dx);
   std::string layer_;
   Shape in_, out_;
+  int k_, stride_, pad_;
+  Precision precision_ = Precision::F32;
   cudnnFilterDescriptor_t w_desc_ = nullptr;
   cudnnConvolutionDescriptor_t conv_desc_ = nullptr;
   cudnnTensorDescriptor_t bias_desc_ = nullptr;
@@ -73,6 +116,7 @@ class CudaConv final : public Kernel {
   CudaConv(const Op& op, cuda::Context& ctx);
   void forward(const OpArgs& a) override;
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+  bool set_precision(Precision p) override;
 
  private:
   cuda::Context& ctx_;
@@ -86,6 +130,7 @@ class CudaConvReluPool final : public Kernel {
   void forward(const OpArgs& a) override;
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
   void begin_lanes(int batch) override;
+  bool set_precision(Precision p) override;
 
  private:
   float* pre(const OpArgs& a);  // a's images' conv outputs in pre_
@@ -95,8 +140,9 @@ class CudaConvReluPool final : public Kernel {
   CudnnConv conv_op_;
   // conv + bias of the last forward (the relu mask backward needs: > 0;
   // micro-shards each at their first image's place), and d(conv output) in
-  // backward; sized for the largest batch seen.
-  cuda::DeviceBuffer pre_, dpre_;
+  // backward; sized for the largest batch seen. In 16 bits (Note [half
+  // kernels]) also d(output) rounded.
+  cuda::DeviceBuffer pre_, dpre_, dy_rounded_;
   int fwd_batch_ = -1;  // batch of the last forward
 };
 
@@ -191,17 +237,25 @@ class CudaFlatten final : public Kernel {
   cuda::Context& ctx_;
 };
 
-// y = x W^T + b on cuBLAS; W [out, in] row-major as the CPU's.
+// y = x W^T + b on cuBLAS; W [out, in] row-major as the CPU's. In bf16 or
+// fp16, cublasGemmEx on 16-bit copies (Note [half kernels]).
 class CudaLinear final : public Kernel {
  public:
   CudaLinear(const Op& op, cuda::Context& ctx) : in_(int(op.in.numel())), out_(op.out_c), ctx_(ctx), name_(op.name) {}
   void forward(const OpArgs& a) override;
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+  bool set_precision(Precision p) override {
+    precision_ = p;
+    return true;
+  }
 
  private:
+  void forward_half(const OpArgs& a);
+  void backward_half(const OpArgs& a, const float* dy, float* dx);
   int in_, out_;
   cuda::Context& ctx_;
   std::string name_;
+  Precision precision_ = Precision::F32;
 };
 
 }  // namespace ddp::nn

@@ -89,6 +89,7 @@ Model::Model(Graph graph, Device& device, StatsReducer* stats)
   for (const Op& op : g.ops)
     half_op_.push_back(op.kind == OpKind::Conv2d || op.kind == OpKind::ConvReluPool || op.kind == OpKind::Linear);
   half_in_.resize(n_ops);
+  native_.assign(n_ops, false);
 }
 
 Model::~Model() = default;
@@ -130,9 +131,16 @@ std::pair<size_t, size_t> Model::param_span(size_t i) const {
   return {first.offset, last.offset + last.numel - first.offset};
 }
 
+bool Model::any_half_op() const {
+  for (size_t i = 0; i < graph_.ops.size(); ++i)
+    if (half_op(i)) return true;
+  return false;
+}
+
 void Model::set_precision(Precision p) {
   precision_ = p;
-  const bool half = p != Precision::F32;
+  for (size_t i = 0; i < graph_.ops.size(); ++i) native_[i] = half_op_[i] && kernels_[i]->set_precision(p);
+  const bool half = any_half_op();
   size_t most = 1;
   for (size_t i = 0; i < graph_.ops.size(); ++i)
     if (half_op(i)) most = std::max(most, param_span(i).second);
@@ -170,7 +178,7 @@ void Model::reserve(int batch) {
   }
   scratch_ = device_.alloc(largest);
   // Note [mixed precision]: the half ops' rounded inputs and d(output).
-  const bool half = precision_ != Precision::F32;
+  const bool half = any_half_op();
   half_dy_ = half ? device_.alloc(largest) : nullptr;
   for (size_t i = 0; i < graph_.ops.size(); ++i)
     half_in_[i] = half_op(i) ? device_.alloc(size_t(batch) * size_t(graph_.ops[i].in.numel())) : nullptr;
@@ -186,7 +194,7 @@ const float* Model::forward(const float* x, int batch, Mode mode, int shard) {
   input_ = x;
   const int64_t shards = shard > 0 ? (batch + shard - 1) / shard : 0;
   // Note [mixed precision]: the weights as the half ops compute with them.
-  if (precision_ != Precision::F32)
+  if (any_half_op())
     for (size_t i = 0; i < graph_.ops.size(); ++i)
       if (const auto [at, n] = param_span(i); half_op(i) && n)
         device_.round(half_params_->data() + at, params() + at, n, precision_);

@@ -73,22 +73,28 @@ Context::Context(int device) : device_(device) {
 Context::~Context() {
   // Destructors do not throw: errors here come after the run's result.
   if (compute_) cudaStreamSynchronize(compute_);
-  if (workspace_) cudaFree(workspace_);
+  for (const Scratch& s : {workspace_, staging_})
+    if (s.p) cudaFree(s.p);
   if (dnn_) cudnnDestroy(dnn_);
   if (blas_) cublasDestroy(blas_);
   for (cudaStream_t s : {compute_, copy_, comm_})
     if (s) cudaStreamDestroy(s);
 }
 
-void* Context::workspace(size_t bytes) {
-  if (bytes <= workspace_bytes_) return workspace_;
+void* Context::workspace(size_t bytes) { return grow(workspace_, bytes); }
+
+void* Context::staging(size_t bytes) { return grow(staging_, bytes); }
+
+void* Context::grow(Scratch& s, size_t bytes) {
+  if (bytes <= s.bytes) return s.p;
   // Work already queued may still use the old buffer.
   DDP_CUDA_CHECK(cudaStreamSynchronize(compute_));
-  if (workspace_) DDP_CUDA_CHECK(cudaFree(workspace_));
-  workspace_ = nullptr;
-  DDP_CUDA_CHECK(cudaMalloc(&workspace_, bytes));
-  workspace_bytes_ = bytes;
-  return workspace_;
+  if (s.p) DDP_CUDA_CHECK(cudaFree(s.p));
+  s.p = nullptr;
+  s.bytes = 0;
+  DDP_CUDA_CHECK(cudaMalloc(&s.p, bytes));
+  s.bytes = bytes;
+  return s.p;
 }
 
 void* Context::alloc(size_t bytes) {

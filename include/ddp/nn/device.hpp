@@ -121,6 +121,15 @@ class Kernel {
   // batch of `batch` samples (so that what the kernel keeps per sample is
   // sized before they run at once).
   virtual void begin_lanes(int batch) { (void)batch; }
+  // Note [mixed precision] (precision.hpp): a convolution's or linear
+  // layer's kernel that computes in p itself, making every rounding autocast
+  // makes (the GPU's: Note [half kernels]), returns true, and Model then
+  // rounds nothing around it; false (the CPU's, and every op's in fp32):
+  // Model rounds its operands and results, and the kernel runs in fp32.
+  virtual bool set_precision(Precision p) {
+    (void)p;
+    return false;
+  }
 };
 
 // Floats on a device, zero-filled when made.

@@ -176,16 +176,17 @@ DDP_HOST_DEVICE inline double softmax_xent_row(const float* z, int best, int32_t
 //   dx^T = W^T dy^T   gemm(N, N, in, batch, out:  W, dy)  beta 0
 // `gemm` is called as gemm(trans_a, trans_b, m, n, k, A, lda, B, ldb, beta, C,
 // ldc) for C = op(A) op(B) + beta C, column-major, alpha 1: cublasSgemm on the
-// GPU, a column-major cblas_sgemm in the test.
-template <typename Gemm>
-void linear_forward_gemm(int batch, int in, int out, const float* x, const float* w, float* y, Gemm&& gemm) {
+// GPU, a column-major cblas_sgemm in the test. The operands are T (float, or
+// the 16-bit bits of Note [half kernels]: cublasGemmEx), C always float.
+template <typename T, typename Gemm>
+void linear_forward_gemm(int batch, int in, int out, const T* x, const T* w, float* y, Gemm&& gemm) {
   gemm(true, false, out, batch, in, w, in, x, in, 1.0f, y, out);
 }
 
 // dW += dy^T x, and dx = dy W when dx is not nullptr.
-template <typename Gemm>
-void linear_backward_gemm(int batch, int in, int out, const float* x, const float* w, const float* dy, float* dw,
-                          float* dx, Gemm&& gemm) {
+template <typename T, typename Gemm>
+void linear_backward_gemm(int batch, int in, int out, const T* x, const T* w, const T* dy, float* dw, float* dx,
+                          Gemm&& gemm) {
   gemm(false, true, in, out, batch, x, in, dy, out, 1.0f, dw, in);
   if (dx) gemm(false, false, in, batch, out, w, in, dy, out, 0.0f, dx, in);
 }

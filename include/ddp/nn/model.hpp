@@ -123,9 +123,11 @@ class Model {
   // parameter's offset) to `to` from lane `lane`, and zeroes them.
   void take_grads(size_t i, float* g, int lane, ShardGradients& to);
   void reserve(int batch);
-  // Note [mixed precision]: whether op i computes in precision_ (not fp32),
-  // and its parameters' span in flat order.
-  bool half_op(size_t i) const { return precision_ != Precision::F32 && half_op_[i]; }
+  // Note [mixed precision]: whether Model rounds around op i, which computes
+  // in precision_ (not fp32) on fp32 kernels (not on kernels of its own:
+  // Kernel::set_precision), and its parameters' span in flat order.
+  bool half_op(size_t i) const { return precision_ != Precision::F32 && half_op_[i] && !native_[i]; }
+  bool any_half_op() const;
   std::pair<size_t, size_t> param_span(size_t i) const;  // offset, count
   // Op i's backward with its parameter gradients rounded (half_dp_ in
   // between) before they are added to grads().
@@ -152,6 +154,7 @@ class Model {
   // gradients before they are rounded (zero between uses).
   Precision precision_ = Precision::F32;
   std::vector<bool> half_op_;  // per op: a Conv2d, ConvReluPool or Linear
+  std::vector<bool> native_;   // per op: its kernel computes in precision_ itself
   std::unique_ptr<Array> half_params_, half_dy_, half_dp_;
   std::vector<std::unique_ptr<Array>> half_in_;
   const float* input_ = nullptr;  // x of the last forward

@@ -31,14 +31,29 @@ const char* to_string(Precision p);  // "fp32", "bf16", "fp16"
 // "fp32", "bf16" or "fp16"; throws ddp::Error naming anything else.
 Precision parse_precision(const std::string& s);
 
-// x rounded to the nearest value of p's format (ties to even), as a float:
-// beyond fp16's range an infinity, NaN a NaN.
+// x in p's 16-bit format (bf16 or fp16; ties to even, beyond fp16's range
+// an infinity, NaN a NaN), and back: what the GPU's half kernels read and
+// write (Note [half kernels], src/nn/half_cuda.cu). p is not fp32.
+DDP_HOST_DEVICE inline uint16_t to_half_bits(Precision p, float x) {
+  return p == Precision::BF16 ? float_to_bf16(x) : float_to_fp16(x);
+}
+DDP_HOST_DEVICE inline float half_bits_to_float(Precision p, uint16_t h) {
+  return p == Precision::BF16 ? bf16_to_float(h) : fp16_to_float(h);
+}
+
+// x rounded to the nearest value of p's format, as a float (x itself for
+// fp32).
 DDP_HOST_DEVICE inline float round_to(Precision p, float x) {
-  switch (p) {
-    case Precision::BF16: return bf16_to_float(float_to_bf16(x));
-    case Precision::F16: return fp16_to_float(float_to_fp16(x));
-    default: return x;
-  }
+  return p == Precision::F32 ? x : half_bits_to_float(p, to_half_bits(p, x));
+}
+
+// Note [half kernels] (src/nn/half_cuda.cu): element i of an NCHW output of
+// `channels` planes of `pixels` values, from its 16-bit convolution yh: with a
+// bias b, yh + b rounded (b rounded first, as a 16-bit bias is), else yh.
+DDP_HOST_DEVICE inline float plane_from_half_at(int64_t i, int channels, int64_t pixels, Precision p,
+                                                const uint16_t* yh, const float* b) {
+  const float v = half_bits_to_float(p, yh[i]);
+  return b ? round_to(p, v + round_to(p, b[(i / pixels) % channels])) : v;
 }
 
 }  // namespace ddp::nn

@@ -53,6 +53,10 @@ class Context {
   // One scratch buffer for cuDNN, grown to the largest request and reused
   // (ops on the compute stream run one after another, so they may share it).
   void* workspace(size_t bytes);
+  // A second one, grown and shared the same way, for what an op converts
+  // before a cuDNN or cuBLAS call that also takes the workspace: the 16-bit
+  // copies of Note [half kernels] (src/nn/half_cuda.cu).
+  void* staging(size_t bytes);
 
   // Stream-ordered memory on the compute stream (cudaMallocAsync): freed
   // memory returns to the pool, so steady-state steps allocate nothing.
@@ -77,8 +81,12 @@ class Context {
   cudaStream_t compute_ = nullptr, copy_ = nullptr, comm_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   cudnnHandle_t dnn_ = nullptr;
-  void* workspace_ = nullptr;
-  size_t workspace_bytes_ = 0;
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  void* grow(Scratch& s, size_t bytes);  // s, at least `bytes` long
+  Scratch workspace_, staging_;
   std::set<std::string> warned_;
   bool deterministic_ = false;
 };

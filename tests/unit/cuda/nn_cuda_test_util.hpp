@@ -18,6 +18,9 @@
 #include <vector>
 
 #include "ddp/core/rng.hpp"              // Rng: the same inputs on every machine
+#include "ddp/nn/model.hpp"              // Model: the twins an OptimizerPair steps
+#include "ddp/optim/kernels.hpp"         // make_cpu_kernels, make_cuda_kernels
+#include "ddp/optim/optimizer.hpp"       // Optimizer
 #include "ddp/runtime/cuda_check.hpp"    // DDP_CUDA_CHECK
 #include "ddp/runtime/cuda_context.hpp"  // cuda::Context, cuda::device_count
 
@@ -83,6 +86,32 @@ inline std::vector<float> normal(size_t n, uint64_t seed, double scale = 1.0) {
   for (float& x : v) x = float(scale * rng.normal());
   return v;
 }
+
+// A training step's inputs: images in [0, 1) as the loader gives them, and
+// uniform labels, the same on every machine for the same step.
+struct StepInputs {
+  std::vector<float> x;
+  std::vector<int32_t> labels;
+};
+inline StepInputs step_inputs(int step, int batch, size_t image_floats, int classes) {
+  Rng rng(7, uint64_t(step));
+  StepInputs in{std::vector<float>(size_t(batch) * image_floats), std::vector<int32_t>(size_t(batch))};
+  for (float& v : in.x) v = rng.uniform();
+  for (int32_t& l : in.labels) l = int32_t(rng.below(uint64_t(classes)));
+  return in;
+}
+
+// The same optimizer over a CPU model's parameters and a GPU model's, each
+// on its device's kernels.
+struct OptimizerPair {
+  OptimizerPair(cuda::Context& ctx, const optim::Options& opt, nn::Model& cpu_model, nn::Model& gpu_model)
+      : cpu_kernels(optim::make_cpu_kernels()),
+        gpu_kernels(optim::make_cuda_kernels(ctx.compute())),
+        cpu(opt, cpu_model.param_info(), cpu_model.device(), *cpu_kernels),
+        gpu(opt, gpu_model.param_info(), gpu_model.device(), *gpu_kernels) {}
+  std::unique_ptr<optim::Kernels> cpu_kernels, gpu_kernels;
+  optim::Optimizer cpu, gpu;
+};
 
 // Multiples of step in [-range, range] * step, plus offset: products and sums
 // of such values are exact in float, so a convolution over them gives the same

@@ -62,19 +62,11 @@ void CudaModels::two_steps(const std::string& name, int batch) {
   optim::Options opt;
   opt.momentum = 0.9;
   opt.weight_decay = 1e-4;
-  const auto cpu_kernels = optim::make_cpu_kernels();
-  const auto gpu_kernels = optim::make_cuda_kernels(ctx().compute());
-  optim::Optimizer cpu_opt(opt, cpu.param_info(), cpu.device(), *cpu_kernels);
-  optim::Optimizer gpu_opt(opt, gpu.param_info(), gpu.device(), *gpu_kernels);
+  nn_cuda_test::OptimizerPair sgd(ctx(), opt, cpu, gpu);
   const size_t nx = size_t(batch) * size_t(input.numel()), nl = size_t(batch) * classes;
   for (int step = 0; step < 2; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
-    // Images in [0, 1) as the loader gives them, labels uniform.
-    Rng rng(7, uint64_t(step));
-    std::vector<float> x(nx);
-    for (float& v : x) v = rng.uniform();
-    std::vector<int32_t> labels(static_cast<size_t>(batch));
-    for (int32_t& l : labels) l = int32_t(rng.below(classes));
+    const auto [x, labels] = nn_cuda_test::step_inputs(step, batch, size_t(input.numel()), classes);
 
     cpu.zero_grads();
     const float* logits = cpu.forward(x.data(), batch);
@@ -85,7 +77,7 @@ void CudaModels::two_steps(const std::string& name, int batch) {
     std::vector<size_t> cpu_ready;
     cpu.backward(dlogits.data(), batch, [&](size_t k) { cpu_ready.push_back(k); });
     const std::vector<float> cpu_grads(cpu.grads(), cpu.grads() + n);
-    cpu_opt.step(0.1, cpu.params(), cpu.grads());
+    sgd.cpu.step(0.1, cpu.params(), cpu.grads());
 
     DeviceArray<float> gx(ctx(), x), gdlogits(ctx(), nl);
     DeviceArray<int32_t> glabels(ctx(), labels);
@@ -96,7 +88,7 @@ void CudaModels::two_steps(const std::string& name, int batch) {
     std::vector<size_t> ready;
     gpu.backward(gdlogits.get(), batch, [&](size_t k) { ready.push_back(k); });
     const std::vector<float> grads = to_host(ctx(), gpu.grads(), n);
-    gpu_opt.step(0.1, gpu.params(), gpu.grads());
+    sgd.gpu.step(0.1, gpu.params(), gpu.grads());
 
     EXPECT_TRUE(agrees(to_host(ctx(), glogits, nl), cpu_logits)) << "logits";
     EXPECT_TRUE(agrees(gdlogits.download(), dlogits)) << "dlogits";

@@ -169,5 +169,33 @@ TEST(MixedPrecision, MicroShardsOnLanesRoundTheirOwnGradients) {
   }
 }
 
+// Note [half kernels]: what the GPU's 16-bit kernels convert with. Every
+// 16-bit value goes to float and back unchanged, in each format, and a
+// float's 16-bit copy read back is round_to's value; a convolution's output
+// takes its own channel's bias, rounded, and the sum is rounded again.
+TEST(MixedPrecision, HalfKernelsConvertAsRoundTo) {
+  for (Precision p : {Precision::BF16, Precision::F16}) {
+    SCOPED_TRACE(to_string(p));
+    for (uint32_t h = 0; h < 0x10000; ++h) {
+      const float f = half_bits_to_float(p, uint16_t(h));
+      if (std::isnan(f)) continue;
+      ASSERT_EQ(to_half_bits(p, f), h) << "bits " << h;
+    }
+    for (float x : random(1000, 6, 300.0)) ASSERT_EQ(half_bits_to_float(p, to_half_bits(p, x)), round_to(p, x));
+    // Two images of three channels of two pixels, each conv output 1 + 2^-13
+    // (not a bf16 or fp16 value: its 16-bit copy is 1), biases that tell the
+    // channels apart.
+    const int images = 2, channels = 3, pixels = 2;
+    const std::vector<float> b = {0.5f, -0.25f, 3.0f + 0x1p-12f};
+    std::vector<uint16_t> yh(size_t(images * channels * pixels), to_half_bits(p, 1.0f + 0x1p-13f));
+    for (int64_t i = 0; i < images * channels * pixels; ++i) {
+      const int c = int(i / pixels % channels);
+      EXPECT_EQ(plane_from_half_at(i, channels, pixels, p, yh.data(), b.data()), round_to(p, 1.0f + round_to(p, b[c])))
+          << i;
+      EXPECT_EQ(plane_from_half_at(i, channels, pixels, p, yh.data(), nullptr), 1.0f) << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ddp::nn

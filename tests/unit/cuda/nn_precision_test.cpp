@@ -1,0 +1,227 @@
+// --precision bf16|fp16 on the GPU (Note [half kernels], src/nn/half_cuda.cu):
+// cuDNN's and cuBLAS's 16-bit kernels against the CPU's fp32 kernels with
+// Model's roundings (Note [mixed precision], nn/precision.hpp).
+//  - One layer of each kind (a convolution with a bias, a strided one, the
+//    fused conv-relu-pool, a linear layer) on values whose every product and
+//    sum is exact in the 16-bit format: output and parameter gradients the
+//    same bits on both devices. This checks the wiring (which operand, which
+//    layout, added or overwritten), not the roundings, which are the
+//    identity on such values. (A first op's d(input) is never computed; the
+//    models below need every layer's.)
+//  - Whole models on random values: what autocast rounds is a value of the
+//    format (the logits a linear layer gives; each convolution's and linear
+//    layer's gradients after one backward), and two SGD steps follow the
+//    CPU's within the format's rounding.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/core/rng.hpp"         // inputs and labels
+#include "ddp/nn/cuda_device.hpp"   // make_cuda_device, softmax_cross_entropy_cuda
+#include "ddp/nn/graph.hpp"         // GraphBuilder, model_graph
+#include "ddp/nn/model.hpp"         // Model, init_state, softmax_cross_entropy
+#include "ddp/nn/precision.hpp"     // Precision, round_to
+#include "ddp/optim/kernels.hpp"    // the CPU and GPU optimizer kernels
+#include "ddp/optim/optimizer.hpp"  // Optimizer
+#include "nn_cuda_test_util.hpp"
+
+namespace ddp::nn {
+namespace {
+
+using nn_cuda_test::agrees;
+using nn_cuda_test::agrees_in_scale;
+using nn_cuda_test::DeviceArray;
+using nn_cuda_test::on_grid;
+using nn_cuda_test::to_host;
+
+constexpr Precision kHalves[] = {Precision::BF16, Precision::F16};
+
+class CudaHalf : public nn_cuda_test::GpuTest {};
+
+std::vector<uint32_t> bits_of(const std::vector<float>& v) {
+  std::vector<uint32_t> b(v.size());
+  if (!v.empty()) std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+  return b;
+}
+
+// One graph on the CPU and on the GPU, from one state, both in precision p.
+struct Twins {
+  Twins(cuda::Context& ctx, const Graph& g, const ModelState& s, Precision p)
+      : cpu_dev(make_cpu_device(2)), gpu_dev(make_cuda_device(ctx)), cpu(g, *cpu_dev), gpu(g, *gpu_dev) {
+    for (Model* m : {&cpu, &gpu}) {
+      m->set_state(s);
+      m->set_precision(p);
+    }
+  }
+  std::unique_ptr<Device> cpu_dev, gpu_dev;
+  Model cpu, gpu;
+};
+
+// Device::round is precision.hpp's round_to, bit for bit, specials included.
+TEST_F(CudaHalf, RoundingIsTheHostsBitForBit) {
+  std::vector<float> x = nn_cuda_test::normal(4096, 3, 1000.0);
+  for (float v : {0.0f, -0.0f, 65504.0f, 65519.0f, 65520.0f, -1e9f, 1e-7f, 6e-8f, 3e-8f, 1e-40f, 3.4e38f})
+    x.push_back(v);
+  x.push_back(std::numeric_limits<float>::infinity());
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  auto dev = make_cuda_device(ctx());
+  for (Precision p : kHalves) {
+    SCOPED_TRACE(to_string(p));
+    DeviceArray<float> gx(ctx(), x), gy(ctx(), x.size());
+    dev->round(gy.get(), gx.get(), x.size(), p);
+    std::vector<float> want(x.size());
+    for (size_t i = 0; i < x.size(); ++i) want[i] = round_to(p, x[i]);
+    EXPECT_EQ(bits_of(gy.download()), bits_of(want));
+  }
+}
+
+// One op of a graph on both devices, through Model, on grid values.
+struct LayerCase {
+  const char* name;
+  Shape input;
+  std::function<int(GraphBuilder&)> build;  // the op on b.input(); returns its output
+};
+
+// Values k * step, |k| <= range (bias: plus half a step, so that conv + bias
+// is never 0 and relu's mask is the same on both devices). With inputs at
+// 1/2 and weights at 1/4 (|k| <= 1), d(output) at 1/8, each layer's sums are
+// at most a few hundred of their unit: exact in bf16's 8 bits and fp16's 11.
+TEST_F(CudaHalf, EachLayerIsTheCpusRoundingsBitForBit) {
+  const int batch = 2, classes = 6;
+  const std::vector<LayerCase> cases = {
+      {"conv", {3, 5, 5}, [](GraphBuilder& b) { return b.conv("conv", b.input(), 4, 3, 1, 1); }},
+      {"strided conv", {3, 6, 6}, [](GraphBuilder& b) { return b.conv("conv", b.input(), 4, 3, 2, 1); }},
+      {"conv relu pool", {2, 6, 6}, [](GraphBuilder& b) { return b.conv_relu_pool("conv", b.input(), 3, 3); }},
+      {"linear", {1, 4, 5}, [](GraphBuilder& b) { return b.linear("fc", b.flatten("flat", b.input()), classes); }},
+  };
+  for (const LayerCase& c : cases) {
+    GraphBuilder b(c.name, c.input, /*pytorch_init=*/true);
+    const Graph g = b.finish(c.build(b));
+    ModelState s = init_state(g, 1);
+    for (const TensorInfo& t : g.params) {
+      const bool bias = t.name.size() > 4 && t.name.compare(t.name.size() - 4, 4, "bias") == 0;
+      const std::vector<float> v =
+          bias ? on_grid(t.numel, 7 + t.offset, 1.0f / 16, 8, 1.0f / 32) : on_grid(t.numel, 7 + t.offset, 0.25f, 1);
+      std::copy(v.begin(), v.end(), s.params.begin() + long(t.offset));
+    }
+    const size_t nx = size_t(batch) * size_t(c.input.numel()), ny = size_t(batch) * size_t(g.output_shape().numel());
+    const std::vector<float> x = on_grid(nx, 1, 0.5f, 1), dy = on_grid(ny, 2, 0.125f, 1);
+    for (Precision p : kHalves) {
+      SCOPED_TRACE(std::string(c.name) + ", " + to_string(p));
+      Twins t(ctx(), g, s, p);
+      Model &cpu = t.cpu, &gpu = t.gpu;
+      const float* y = cpu.forward(x.data(), batch);
+      const std::vector<float> cpu_y(y, y + ny);
+      cpu.zero_grads();
+      cpu.backward(dy.data(), batch);
+      const std::vector<float> cpu_grads(cpu.grads(), cpu.grads() + g.num_params);
+
+      DeviceArray<float> gx(ctx(), x), gdy(ctx(), dy);
+      const std::vector<float> gpu_y = to_host(ctx(), gpu.forward(gx.get(), batch), ny);
+      gpu.zero_grads();
+      gpu.backward(gdy.get(), batch);
+      EXPECT_EQ(bits_of(gpu_y), bits_of(cpu_y)) << "output";
+      EXPECT_EQ(bits_of(to_host(ctx(), gpu.grads(), g.num_params)), bits_of(cpu_grads)) << "gradients";
+      // A second backward adds the same gradients again (Note [gradient
+      // accumulation]).
+      gpu.backward(gdy.get(), batch);
+      std::vector<float> twice = cpu_grads;
+      for (float& v : twice) v *= 2;
+      EXPECT_EQ(bits_of(to_host(ctx(), gpu.grads(), g.num_params)), bits_of(twice)) << "gradients, added twice";
+    }
+  }
+}
+
+bool representable(Precision p, const std::vector<float>& v, size_t* at) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (round_to(p, v[i]) != v[i]) {
+      *at = i;
+      return false;
+    }
+  return true;
+}
+
+// What autocast rounds is a value of the format: the logits (a linear
+// layer's output) and, after one backward from zero, every convolution's and
+// linear layer's parameter gradients; and two SGD steps follow the CPU's
+// (Model's roundings around fp32 kernels) within the format's rounding: the
+// devices add in other orders, so a sum may round to the neighbouring 16-bit
+// value, and training carries that on.
+TEST_F(CudaHalf, ModelsRoundWhereAutocastDoesAndFollowTheCpu) {
+  const Shape input{1, 28, 28};
+  const int classes = 10;
+  for (const char* name : {"lenet", "resnet18"}) {
+    const int batch = std::string(name) == "lenet" ? 32 : 8;
+    const Graph g = model_graph(name, input, classes);
+    const ModelState start = init_state(g, 42);
+    for (Precision p : kHalves) {
+      SCOPED_TRACE(std::string(name) + ", " + to_string(p));
+      // fp16's scale for the loss scaler's sake: its small gradients (d2l's
+      // N(0, 0.01) LeNet) would underflow unscaled.
+      const float loss_scale = p == Precision::F16 ? 1024.0f : 1.0f;
+      Twins t(ctx(), g, start, p);
+      Model &cpu = t.cpu, &gpu = t.gpu;
+      optim::Options opt;
+      opt.momentum = 0.9;
+      nn_cuda_test::OptimizerPair sgd(ctx(), opt, cpu, gpu);
+      const size_t nl = size_t(batch) * classes, n = cpu.num_params();
+      for (int step = 0; step < 2; ++step) {
+        SCOPED_TRACE("step " + std::to_string(step));
+        const auto [x, labels] = nn_cuda_test::step_inputs(step, batch, size_t(input.numel()), classes);
+
+        cpu.zero_grads();
+        const float* logits = cpu.forward(x.data(), batch);
+        const std::vector<float> cpu_logits(logits, logits + nl);
+        std::vector<float> dlogits(nl);
+        softmax_cross_entropy(logits, labels.data(), batch, classes, dlogits.data());
+        for (float& d : dlogits) d *= loss_scale;
+        cpu.backward(dlogits.data(), batch);
+        const std::vector<float> cpu_grads(cpu.grads(), cpu.grads() + n);
+        sgd.cpu.step(0.1, cpu.params(), cpu.grads(), 1.0f / loss_scale);
+
+        DeviceArray<float> gx(ctx(), x), gdlogits(ctx(), nl);
+        DeviceArray<int32_t> glabels(ctx(), labels);
+        DeviceArray<double> sums(ctx(), std::vector<double>{0.0, 0.0});
+        gpu.zero_grads();
+        const float* glogits = gpu.forward(gx.get(), batch);
+        const std::vector<float> gpu_logits = to_host(ctx(), glogits, nl);
+        softmax_cross_entropy_cuda(glogits, glabels.get(), batch, classes, gdlogits.get(), sums.get(),
+                                   ctx().compute());
+        gpu.device().scale(gdlogits.get(), nl, loss_scale);
+        gpu.backward(gdlogits.get(), batch);
+        const std::vector<float> grads = to_host(ctx(), gpu.grads(), n);
+        sgd.gpu.step(0.1, gpu.params(), gpu.grads(), 1.0f / loss_scale);
+
+        size_t at = 0;
+        EXPECT_TRUE(representable(p, gpu_logits, &at)) << "logit " << at << " = " << gpu_logits[at];
+        for (size_t i = 0; i < g.ops.size(); ++i) {
+          const OpKind k = g.ops[i].kind;
+          if (k != OpKind::Conv2d && k != OpKind::ConvReluPool && k != OpKind::Linear) continue;
+          for (size_t t : g.op_params[i]) {
+            const TensorInfo& info = g.params[t];
+            const std::vector<float> gt(grads.begin() + long(info.offset),
+                                        grads.begin() + long(info.offset + info.numel));
+            EXPECT_TRUE(representable(p, gt, &at)) << info.name << " grad " << at << " = " << gt[at];
+          }
+        }
+        const double tol = p == Precision::BF16 ? 5e-2 : 1e-2;
+        EXPECT_TRUE(agrees_in_scale(gpu_logits.data(), cpu_logits.data(), nl, tol)) << "logits";
+        for (const TensorInfo& t : cpu.param_info())
+          EXPECT_TRUE(agrees_in_scale(grads.data() + t.offset, cpu_grads.data() + t.offset, t.numel, 0.2))
+              << t.name << " grad, in its own scale";
+        ModelState after;
+        gpu.get_state(after);
+        EXPECT_TRUE(agrees(after.params, std::vector<float>(cpu.params(), cpu.params() + n), 1e-3)) << "params";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ddp::nn
