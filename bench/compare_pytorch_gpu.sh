@@ -6,16 +6,25 @@
 # hits both alike. Prints seconds per epoch and samples/s of both (medians
 # over repetitions of each run's median epoch) and the ratio.
 #
-# Usage: bench/compare_pytorch_gpu.sh [--model lenet|resnet18] [reps (3)] [epochs per run (5)]
+# With --precision bf16|fp16 both sides train in mixed precision (ddp_train's
+# --precision, PyTorch's autocast and, for fp16, GradScaler).
+#
+# Usage: bench/compare_pytorch_gpu.sh [--model lenet|resnet18] [--precision fp32|bf16|fp16] [reps (3)]
+#        [epochs per run (5)]
 # Needs a CUDA device, a ddp_train built with the CUDA backend ($DDP_TRAIN, or
 # build/bin/ddp_train) and a python3 with torch and CUDA ($PYTHON, or python3).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 model=lenet
-if [[ "${1:-}" == "--model" ]]; then
-  model=$2
+precision=fp32
+while [[ "${1:-}" == --* ]]; do
+  case $1 in
+    --model) model=$2 ;;
+    --precision) precision=$2 ;;
+    *) echo "compare_pytorch_gpu.sh: unknown option $1" >&2; exit 2 ;;
+  esac
   shift 2
-fi
+done
 case $model in
   lenet) lr=0.2 ;;
   resnet18) lr=0.1 ;;
@@ -35,14 +44,14 @@ median() { "$py" -c "import statistics,sys; print(statistics.median(map(float, s
 
 gpu=$(nvidia-smi -L 2>/dev/null | head -1 || echo "GPU")
 echo "ddp_train vs PyTorch $("$py" -c 'import torch; print(torch.__version__)') DDP (nccl), world size 1, $gpu"
-echo "$model, --synthetic $n, batch 256, lr $lr, $epochs epochs x $reps reps"
+echo "$model, --synthetic $n, batch 256, lr $lr, $precision, $epochs epochs x $reps reps"
 ours_s=() ours_r=() theirs_s=() theirs_r=()
 for ((i = 0; i < reps; i++)); do
   out=$("$bin" --device cuda --backend nccl --model "$model" --synthetic $n --epochs "$epochs" --batch-size 256 \
-          --lr "$lr" --quiet)
+          --lr "$lr" --precision "$precision" --quiet)
   ours_s+=("$(field epoch_sec_median <<<"$out")"); ours_r+=("$(field samples_per_sec <<<"$out")")
   out=$("$py" "$root/bench/torch_ddp.py" --device cuda --world-size 1 --model "$model" --synthetic $n \
-          --epochs "$epochs" --batch-size 256 --lr "$lr")
+          --epochs "$epochs" --batch-size 256 --lr "$lr" --precision "$precision")
   theirs_s+=("$(field epoch_sec_median <<<"$out")"); theirs_r+=("$(field samples_per_sec <<<"$out")")
 done
 os=$(median "${ours_s[@]}"); or=$(median "${ours_r[@]}")

@@ -74,6 +74,10 @@ def worker(rank, args, port):
     dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
+    # --precision: autocast around forward and loss, and fp16's GradScaler,
+    # as ddp_train's --precision does (README's table of equivalents).
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    scaler = torch.amp.GradScaler(dev.type) if args.precision == "fp16" else None
     if args.synthetic:
         x, y = synthetic(args.synthetic, args.seed)
         xt, yt = synthetic(max(1, args.synthetic // 6), args.seed + 1)
@@ -109,10 +113,16 @@ def worker(rank, args, port):
             sel = idx[s * b:(s + 1) * b]
             xb, yb = x[sel].to(dev, non_blocking=True), y[sel].to(dev, non_blocking=True)
             opt.zero_grad()
-            loss = loss_fn(model(xb), yb)
-            loss.backward()
-            opt.step()
-            loss_sum += loss.detach()
+            with torch.autocast(dev.type, dtype=half, enabled=half is not None):
+                loss = loss_fn(model(xb), yb)
+            if scaler:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+            loss_sum += loss.detach().float()
         if cuda:
             torch.cuda.synchronize()
         t = torch.tensor([time.perf_counter() - t0], device=dev)
@@ -129,7 +139,7 @@ def worker(rank, args, port):
     test_acc = evaluate()
     if rank == 0:
         print(json.dumps({"event": "summary", "impl": "pytorch-ddp-" + ("nccl" if cuda else "gloo"), "model": args.model,
-                          "torch": torch.__version__, "device": args.device,
+                          "torch": torch.__version__, "device": args.device, "precision": args.precision,
                           "world_size": args.world_size, "epochs": args.epochs,
                           "test_acc": test_acc, "train_loss": train_loss,
                           "epoch_sec_median": statistics.median(secs),
@@ -149,6 +159,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--lr", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     p.add_argument("--port", type=int, default=29533)
     p.add_argument("--each-epoch", action="store_true",
                    help="also evaluate after every epoch and print an epoch line")

@@ -116,6 +116,8 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
     if (ranks[0].device == std::string("cpu"))
       out << "; on CPUs the values are rounded to " << cfg.precision
           << " and computed in fp32: a GPU's numerics, not its speed";
+    else
+      out << "; on GPUs cuDNN's and cuBLAS's " << cfg.precision << " kernels (tensor cores)";
   }
   if (cfg.deterministic_shards > 0)
     out << "\nddp_train: deterministic: " << cfg.deterministic_shards << " micro-shards of "
@@ -363,18 +365,6 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     backend = make_cpu_backend(watchdog ? watchdog->watch(std::move(host_comm)) : std::move(host_comm));
   }
   DDP_CHECK(backend, "--device ", place.device, ": not in this build");
-  if (cfg.precision != "fp32" && place.device == "cuda")
-    // Model's roundings run on the GPU too (Note [mixed precision]), but
-    // not yet cuDNN's and cuBLAS's half kernels, nor any run on a GPU.
-    throw UsageError(detail::concat("--precision ", cfg.precision,
-                                    " is not yet available with GPUs (--device cuda); use --precision fp32, or "
-                                    "--device cpu to check a recipe's numerics"));
-  if (cfg.grad_compression != "none" && place.device == "cuda")
-    // The GPU communicators have it too (tests/mpi/cuda), but it has not run
-    // on a GPU yet: refused until it has.
-    throw UsageError(detail::concat("--grad-compression ", cfg.grad_compression,
-                                    " is not yet available with GPUs (--device cuda); use --grad-compression none, "
-                                    "or --device cpu"));
   auto replica = std::make_unique<Replica>(cfg, optimizer, std::move(backend), std::move(graph));
   // Ends the watching before the replica goes: with every rank at the end
   // of training (each return below follows a barrier), or at once when an

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "ddp/checkpoint/checkpoint.hpp"  // list_checkpoints, decode_checkpoint
+#include "run_process.hpp"                // run_ddp_train, make_temp_dir, read_text, lines_of
 
 namespace ddp::test {
 
@@ -22,6 +23,29 @@ void expect_bitwise_equal(const checkpoint::SafetensorsFile& a, const checkpoint
 int64_t newest_checkpoint_step(const std::string& dir) {
   const auto l = checkpoint::list_checkpoints(dir);
   return l.empty() ? -1 : checkpoint::decode_checkpoint(l[0], checkpoint::read_file_bytes(l[0])).state.global_step;
+}
+
+double last_epochs_accuracy(int np, const std::string& args, int epochs, int last, std::initializer_list<int> seeds,
+                            const std::function<void(const nlohmann::json&)>& check) {
+  const std::string dir = make_temp_dir();
+  double acc = 0;
+  for (int seed : seeds) {
+    const std::string m = dir + "/" + std::to_string(seed) + ".jsonl";
+    auto r = run_ddp_train(np, args + " --epochs " + std::to_string(epochs) + " --quiet --seed " +
+                                   std::to_string(seed) + " --metrics-out " + m);
+    const auto lines = lines_of(read_text(m));
+    if (r.status != 0 || lines.size() != size_t(epochs)) {
+      ADD_FAILURE() << args << ", seed " << seed << ": status " << r.status << ", " << lines.size()
+                    << " epochs recorded, not " << epochs << "\n" << r.err;
+      remove_tree(dir);
+      return NAN;
+    }
+    check(summary_of(r));
+    for (size_t e = size_t(epochs - last); e < size_t(epochs); ++e)
+      acc += nlohmann::json::parse(lines[e])["test_acc"].get<double>() / double(last * int(seeds.size()));
+  }
+  remove_tree(dir);
+  return acc;
 }
 
 nlohmann::json summary_of(const RunResult& r) {

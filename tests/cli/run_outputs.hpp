@@ -1,6 +1,8 @@
 // What tests read from a finished run: the summary line and the model file.
 #pragma once
 
+#include <functional>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -30,6 +32,14 @@ int64_t newest_checkpoint_step(const std::string& dir);
 // Max |a - b| over all tensors, relative to max |a|; a missing tensor or a
 // shape mismatch is a test failure.
 double max_rel_diff(const checkpoint::SafetensorsFile& a, const checkpoint::SafetensorsFile& b);
+
+// `np` ranks run `args` (which set everything but the seed and the metrics
+// file) for `epochs` epochs once per seed: the mean test accuracy of each
+// run's last `last` epochs, over the seeds (one run's accuracy moves by a
+// few hundredths from epoch to epoch); each run's summary goes to check.
+// NaN, and a failure, when a run fails or records another number of epochs.
+double last_epochs_accuracy(int np, const std::string& args, int epochs, int last, std::initializer_list<int> seeds,
+                            const std::function<void(const nlohmann::json&)>& check);
 
 // Max relative difference of the models two runs write (runs must succeed;
 // 1.0 when one fails).

@@ -108,38 +108,19 @@ TEST(LrSchedules, EpochsReportTheRateTheScheduleGives) {
 }
 
 // d2l's recipe on the subset (80 epochs, as D2lRecipe) at -np 2 with
-// `flags`, seeds 0 and 1: the mean test accuracy of their last 10 epochs
-// (one run's accuracy moves by up to 0.02 from epoch to epoch); each run's
-// summary goes to check. NaN, and a failure, when a run fails.
-double last_epochs_accuracy(const std::string& flags, const std::function<void(const json&)>& check) {
-  const std::string dir = make_temp_dir();
-  double acc = 0;
-  for (int seed : {0, 1}) {
-    const std::string m = dir + "/" + std::to_string(seed) + ".jsonl";
-    auto r = run_ddp_train(2, kData + " --epochs 80 --quiet " + flags + " --seed " + std::to_string(seed) +
-                                  " --metrics-out " + m);
-    const auto lines = lines_of(read_text(m));
-    if (r.status != 0 || lines.size() != 80u) {
-      ADD_FAILURE() << flags << ", seed " << seed << ": status " << r.status << ", " << lines.size()
-                    << " epochs recorded, not 80\n" << r.err;
-      remove_tree(dir);
-      return NAN;
-    }
-    check(summary_of(r));
-    for (size_t e = 70; e < 80; ++e) acc += json::parse(lines[e])["test_acc"].get<double>() / 20;
-  }
-  remove_tree(dir);
-  return acc;
+// `flags`, seeds 0 and 1: the mean test accuracy of their last 10 epochs.
+double d2l_accuracy(const std::string& flags, const std::function<void(const json&)>& check) {
+  return last_epochs_accuracy(2, kData + " " + flags, 80, 10, {0, 1}, check);
 }
 
 // --grad-compression: half the bytes per step, and d2l's recipe learns as in
-// fp32 (last_epochs_accuracy). Measured at -np 2: fp32 0.767, 0.767; bf16
+// fp32 (d2l_accuracy). Measured at -np 2: fp32 0.767, 0.767; bf16
 // 0.762, 0.760; fp16 0.766, 0.760 (seed 2: 0.762, 0.758, 0.761). The bound
 // has room for other CPUs' rounding.
 TEST(GradCompression, HalvesTheBytesAndLearnsAsFp32) {
   std::map<std::string, double> acc;
   for (const std::string c : {"none", "bf16", "fp16"})
-    acc[c] = last_epochs_accuracy("--grad-compression " + c, [&](const json& s) {
+    acc[c] = d2l_accuracy("--grad-compression " + c, [&](const json& s) {
       EXPECT_EQ(s["grad_compression"], c);
       EXPECT_EQ(s["allreduce_bytes_per_step"].get<double>(), (c == "none" ? 4.0 : 2.0) * 129068) << c;
     });
@@ -153,14 +134,14 @@ TEST(GradCompression, UnknownFormatIsRefused) {
 }
 
 // --precision bf16 and fp16 (on CPUs, rounded as autocast rounds: Note
-// [mixed precision]) learn d2l's recipe as fp32 does (last_epochs_accuracy).
+// [mixed precision]) learn d2l's recipe as fp32 does (d2l_accuracy).
 // Measured at -np 2: fp32 0.767, bf16 0.762, fp16 0.756 (its scale halved
 // twice in a loss spike near epoch 32); the bound has room for other CPUs'
 // rounding.
 TEST(Precision, Bf16AndFp16LearnAsFp32) {
   std::map<std::string, double> acc;
   for (const std::string p : {"fp32", "bf16", "fp16"})
-    acc[p] = last_epochs_accuracy("--precision " + p, [&](const json& s) { EXPECT_EQ(s["precision"], p); });
+    acc[p] = d2l_accuracy("--precision " + p, [&](const json& s) { EXPECT_EQ(s["precision"], p); });
   std::printf("mean test accuracy, last 10 epochs, 2 seeds: fp32 %.4f, bf16 %.4f, fp16 %.4f\n", acc["fp32"],
               acc["bf16"], acc["fp16"]);
   EXPECT_GE(acc["fp32"], 0.72);

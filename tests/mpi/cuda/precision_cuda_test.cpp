@@ -1,0 +1,23 @@
+// --precision fp16's loss scaler on GPU ranks (loss_scale_runs.hpp): the
+// 16-bit kernels (Note [half kernels]) overflow under a scale of 2^40, and
+// the step is skipped on every rank, the scale halved, until a step fits.
+// Ranks share the node's GPUs through the staged mpi backend (NCCL where
+// each has its own).
+#include <gtest/gtest.h>
+
+#include "../train/loss_scale_runs.hpp"  // expect_overflow_skipped_and_halved
+#include "gpu_test_support.hpp"           // gpu_world
+
+namespace ddp::train {
+namespace {
+
+TEST(GpuLossScale, AnOverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
+  std::string why;
+  if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device (" << why << ")";
+  test::expect_overflow_skipped_and_halved(ddp::test::gpu_world(), [](const World& w, const Config& cfg) {
+    return make_cuda_backend(w, cfg, w.local_rank % cuda::device_count(), comm::make_mpi_communicator(w), nullptr);
+  });
+}
+
+}  // namespace
+}  // namespace ddp::train
