@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -58,8 +57,12 @@ void planes_from_half_cuda(float* y, const uint16_t* yh, const float* b, int64_t
 void channel_grad_from_half_cuda(float* db, const uint16_t* dyh, int64_t images, int channels, int64_t pixels,
                                  Precision p, cudaStream_t stream);
 // The context's staging memory cut into pieces of these many bytes, each
-// 256-byte aligned; valid until the next call on this context.
-std::vector<void*> staging_pieces(cuda::Context& ctx, std::initializer_list<size_t> bytes);
+// 256-byte aligned; valid until the next call on this context. An op's
+// forward sizes the staging memory for its backward's pieces
+// (staging_bytes): growing it waits for the device (Context::staging), which
+// in backward would be with gradient all-reduces in flight.
+std::vector<void*> staging_pieces(cuda::Context& ctx, const std::vector<size_t>& bytes);
+size_t staging_bytes(const std::vector<size_t>& bytes);  // what those pieces take
 
 // A cuDNN convolution of one geometry (cudnn_conv.cu): the descriptors, and
 // per batch size the algorithms chosen once (Note [conv algorithms]).
@@ -91,6 +94,9 @@ class CudnnConv {
   void describe();  // the descriptors, for precision_
   void release();   // destroys them
   int64_t weight_numel() const { return int64_t(out_.c) * in_.c * k_ * k_; }
+  // Note [half kernels]: the staging pieces of a 16-bit forward and backward.
+  std::vector<size_t> forward_pieces(int batch) const;
+  std::vector<size_t> backward_pieces(int batch) const;
   cudnnMathType_t run_math(cudnnMathType_t ranked) const;
   // cuDNN's three calls on operands of the descriptors' type, each with its
   // algorithm's math type; y and dx overwritten, dw = beta * dw + d(conv)/dw.
@@ -252,6 +258,7 @@ class CudaLinear final : public Kernel {
  private:
   void forward_half(const OpArgs& a);
   void backward_half(const OpArgs& a, const float* dy, float* dx);
+  std::vector<size_t> backward_pieces(int batch) const;  // Note [half kernels]
   int in_, out_;
   cuda::Context& ctx_;
   std::string name_;

@@ -264,11 +264,25 @@ void CudnnConv::backward(cuda::Context& ctx, int batch, const float* x, const fl
 
 // Note [half kernels] (half_cuda.cu): the operands as 16-bit copies in the
 // context's staging memory, cuDNN on those, the results back in fp32.
+// x, w, y; d(y), x, w, d(w), d(x): each 16 bits a value.
+std::vector<size_t> CudnnConv::forward_pieces(int batch) const {
+  const size_t nx = size_t(batch) * size_t(in_.numel()), ny = size_t(batch) * size_t(out_.numel()),
+               nw = size_t(weight_numel());
+  return {nx * 2, nw * 2, ny * 2};
+}
+
+std::vector<size_t> CudnnConv::backward_pieces(int batch) const {
+  const size_t nx = size_t(batch) * size_t(in_.numel()), ny = size_t(batch) * size_t(out_.numel()),
+               nw = size_t(weight_numel());
+  return {ny * 2, nx * 2, nw * 2, nw * 2, nx * 2};
+}
+
 void CudnnConv::forward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b,
                              float* y) {
   const Plan& p = plan(ctx, batch);
   const int64_t nx = int64_t(batch) * in_.numel(), ny = int64_t(batch) * out_.numel(), nw = weight_numel();
-  const std::vector<void*> at = staging_pieces(ctx, {size_t(nx) * 2, size_t(nw) * 2, size_t(ny) * 2});
+  ctx.staging(staging_bytes(backward_pieces(batch)));  // backward's, now (staging_pieces)
+  const std::vector<void*> at = staging_pieces(ctx, forward_pieces(batch));
   auto* xh = static_cast<uint16_t*>(at[0]);
   auto* wh = static_cast<uint16_t*>(at[1]);
   auto* yh = static_cast<uint16_t*>(at[2]);
@@ -282,8 +296,7 @@ void CudnnConv::backward_half(cuda::Context& ctx, int batch, const float* x, con
                               float* dw, float* db, float* dx) {
   const Plan& p = plan(ctx, batch);
   const int64_t nx = int64_t(batch) * in_.numel(), ny = int64_t(batch) * out_.numel(), nw = weight_numel();
-  const std::vector<void*> at =
-      staging_pieces(ctx, {size_t(ny) * 2, size_t(nx) * 2, size_t(nw) * 2, size_t(nw) * 2, size_t(nx) * 2});
+  const std::vector<void*> at = staging_pieces(ctx, backward_pieces(batch));
   auto* dyh = static_cast<uint16_t*>(at[0]);
   auto* xh = static_cast<uint16_t*>(at[1]);
   auto* wh = static_cast<uint16_t*>(at[2]);

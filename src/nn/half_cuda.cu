@@ -22,10 +22,14 @@
 // The CPU kernels compute the same thing in fp32 on operands Model has
 // rounded (the product of two 16-bit values is exact in fp32), so the two
 // devices differ by the order of their fp32 sums and by where a sum is
-// rounded, not by what is rounded. Every conversion is precision.hpp's,
+// rounded, not by what is rounded. One place rounds more on the GPU, as
+// autocast would: LeNet's fused conv-relu-pool pools (and takes its relu
+// mask from) the rounded conv + bias, and its convolution's backward takes
+// d(conv output), a quarter of the rounded d(output), in 16 bits; the CPU
+// pools fp32 conv + bias and passes that quarter on in fp32 (they differ
+// where fp16 loses a quarter's bits below its normal range). Every conversion is precision.hpp's,
 // which the host tests check bit by bit: the hardware's own
 // round-to-nearest-even.
-#include <initializer_list>
 #include <vector>
 
 #include "cuda_kernels.hpp"
@@ -131,17 +135,26 @@ void channel_grad_from_half_cuda(float* db, const uint16_t* dyh, int64_t images,
   DDP_CUDA_CHECK_LAUNCH(channel_grad_kernel);
 }
 
-std::vector<void*> staging_pieces(cuda::Context& ctx, std::initializer_list<size_t> bytes) {
-  constexpr size_t kAlign = 256;  // what cuDNN and cuBLAS like their operands aligned to
-  auto up = [](size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
+namespace {
+
+constexpr size_t kAlign = 256;  // what cuDNN and cuBLAS like their operands aligned to
+size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+size_t staging_bytes(const std::vector<size_t>& bytes) {
   size_t total = 0;
-  for (size_t b : bytes) total += up(b);
-  auto* base = static_cast<char*>(ctx.staging(total));
+  for (size_t b : bytes) total += aligned(b);
+  return total;
+}
+
+std::vector<void*> staging_pieces(cuda::Context& ctx, const std::vector<size_t>& bytes) {
+  auto* base = static_cast<char*>(ctx.staging(staging_bytes(bytes)));
   std::vector<void*> pieces;
   size_t at = 0;
   for (size_t b : bytes) {
     pieces.push_back(base + at);
-    at += up(b);
+    at += aligned(b);
   }
   return pieces;
 }

@@ -101,6 +101,7 @@ void CudaLinear::backward(const OpArgs& a, const float* dy, const std::vector<fl
 // copies accumulated in fp32 onto the rounded bias fill_rows_kernel wrote.
 void CudaLinear::forward_half(const OpArgs& a) {
   const int64_t nx = int64_t(a.batch) * in_, nw = int64_t(out_) * in_, ny = int64_t(a.batch) * out_;
+  ctx_.staging(staging_bytes(backward_pieces(a.batch)));  // backward's, now (staging_pieces)
   const std::vector<void*> at = staging_pieces(ctx_, {size_t(nx) * 2, size_t(nw) * 2});
   auto* xh = static_cast<uint16_t*>(at[0]);
   auto* wh = static_cast<uint16_t*>(at[1]);
@@ -116,10 +117,15 @@ void CudaLinear::forward_half(const OpArgs& a) {
 // d(output) as a 16-bit copy; the bias gradient its rounded column sums; the
 // weight gradient into fp32 scratch, rounded as it is added; d(input)
 // rounded in place.
+// d(y), x, w in 16 bits; the fp32 weight gradient.
+std::vector<size_t> CudaLinear::backward_pieces(int batch) const {
+  const size_t nx = size_t(batch) * size_t(in_), nw = size_t(out_) * size_t(in_), ny = size_t(batch) * size_t(out_);
+  return {ny * 2, nx * 2, nw * 2, nw * sizeof(float)};
+}
+
 void CudaLinear::backward_half(const OpArgs& a, const float* dy, float* dx) {
   const int64_t nx = int64_t(a.batch) * in_, nw = int64_t(out_) * in_, ny = int64_t(a.batch) * out_;
-  const std::vector<void*> at =
-      staging_pieces(ctx_, {size_t(ny) * 2, size_t(nx) * 2, size_t(nw) * 2, size_t(nw) * sizeof(float)});
+  const std::vector<void*> at = staging_pieces(ctx_, backward_pieces(a.batch));
   auto* dyh = static_cast<uint16_t*>(at[0]);
   auto* xh = static_cast<uint16_t*>(at[1]);
   auto* wh = static_cast<uint16_t*>(at[2]);

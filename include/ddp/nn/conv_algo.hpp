@@ -4,8 +4,9 @@
 //
 // Note [conv algorithms]: cuDNN's heuristics (the _v7 queries) rank the
 // algorithms for a geometry without running any. We take the first usable one
-// (it works, is not a tensor-op one, needs at most the workspace cap) that is
-// also deterministic, and only when none is, the first usable one. Several
+// (it works, needs at most the workspace cap, and in fp32 is not a tensor-op
+// one: Note [fma math] in src/nn/cudnn_conv.cu) that is also deterministic,
+// and only when none is, the first usable one. Several
 // backward-data and backward-filter algorithms add with atomics in whatever
 // order the blocks finish, so two runs of one step would differ in the last
 // bits; deterministic first is what keeps a repeated run, a resumed run and
