@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The GPU tests and the GPU benchmark on a machine that has a GPU but neither
+# Open MPI nor this project's build tools: everything is built here and
+# carried there in one folder (default .devdeps, which .gitignore keeps out
+# of the repo).
+#
+#   scripts/gpu-check.sh prepare [DIR]   here: Debian's Open MPI and OpenBLAS
+#       (../shared/tools/device-bundle.sh), a CUDA build, the binaries the
+#       GPU tests run, and the data subset, into DIR.
+#   scripts/gpu-check.sh run [DIR] [OUT] there, in the repo root with DIR
+#       in it: the GPU tests (test_cuda; mpi_test_cuda at the world sizes
+#       CTest runs it; test_cli's GpuTraining.*) into OUT (default $OUT, else
+#       DIR/out): device.txt, tests.log, summary.txt (a line per test
+#       binary); the exit status is the tests'.
+#   scripts/gpu-check.sh bench [DIR] [OUT] there: bench/compare_pytorch_gpu.sh
+#       for LeNet and ResNet-18 in fp32, bf16 and fp16 against the machine's
+#       PyTorch, into OUT/bench.txt.
+#
+# The test binaries carry the absolute paths they were built with (the
+# ddp_train they start, the data, mpiexec); `run` makes those paths lead to
+# DIR's copies where they do not exist there.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+mode=${1:?usage: gpu-check.sh prepare|run|bench [DIR] [OUT]}
+dir=$(realpath -m "${2:-$root/.devdeps}")
+
+case $mode in
+prepare)
+  build=${DDP_BUILD_DIR:-$root/build}
+  [[ -f $dir/device-env.sh ]] || "$root/../shared/tools/device-bundle.sh" "$dir"
+  "$root/scripts/build.sh"
+  mkdir -p "$dir/bin" "$dir/data"
+  cp "$build/bin/ddp_train" "$build/tests/test_cuda" "$build/tests/mpi_test_cuda" "$build/tests/test_cli" "$dir/bin/"
+  data=$(realpath "$root/../shared/data/fashion-mnist-subset")
+  cp "$data"/* "$dir/data/"
+  # Where each binary will look, and what should be found there.
+  {
+    echo "$build/bin/ddp_train bin/ddp_train"
+    echo "$data data"
+    echo "$(command -v mpiexec) mpiexec"
+  } >"$dir/paths"
+  echo "gpu-check: $(du -sh "$dir" | cut -f1) in $dir; there: scripts/gpu-check.sh run $(basename "$dir")"
+  ;;
+run | bench)
+  out=$(realpath -m "${3:-${OUT:-$dir/out}}")
+  mkdir -p "$out"
+  # shellcheck disable=SC1091
+  source "$dir/device-env.sh" "$dir"
+  while read -r path what; do
+    target=$dir/$what
+    [[ $what == mpiexec ]] && target=$(command -v mpiexec)
+    if [[ ! -e $path ]]; then
+      mkdir -p "$(dirname "$path")"
+      ln -s "$target" "$path"
+    fi
+  done <"$dir/paths"
+  { nvidia-smi -L || echo "no nvidia-smi"; date -u +%F; } | tee "$out/device.txt"
+  if [[ $mode == bench ]]; then
+    # Within a device call's 10 minutes: ResNet-18 over fewer epochs.
+    for spec in lenet:3:5 resnet18:2:2; do
+      IFS=: read -r model reps epochs <<<"$spec"
+      for p in fp32 bf16 fp16; do
+        DDP_TRAIN=$dir/bin/ddp_train "$root/bench/compare_pytorch_gpu.sh" --model "$model" --precision $p "$reps" \
+          "$epochs" >>"$out/bench.txt" 2>&1 || echo "bench $model $p failed" >>"$out/bench.txt"
+      done
+    done
+    cat "$out/bench.txt"
+    exit 0
+  fi
+  # Each test binary's output into one log (what comes back from a device
+  # machine is a few files), its verdict into the summary.
+  status=0
+  : >"$out/tests.log"
+  : >"$out/summary.txt"
+  check() {
+    local name=$1 rc=0 log verdict=passed
+    shift
+    log=$(mktemp)
+    "$@" --gtest_color=no >"$log" 2>&1 || rc=$?
+    { echo "=== $name: $*"; cat "$log"; } >>"$out/tests.log"
+    # 77: every test skipped on every rank (mpi_gtest_main.cpp's verdict).
+    if ((rc == 77)); then
+      verdict=skipped
+    elif ((rc != 0)); then
+      verdict="FAILED (exit $rc)"
+      status=1
+    fi
+    echo "$name: $verdict; $(grep -h -E '^\[  (PASSED|SKIPPED) \] [0-9]+ test' "$log" | sort -u | tr '\n' ' ')" \
+      | tee -a "$out/summary.txt"
+    rm -f "$log"
+  }
+  check test_cuda "$dir/bin/test_cuda"
+  # The world sizes tests/CMakeLists.txt runs each GPU MPI suite at.
+  for run in GpuNccl:1 GpuNccl:2 GpuStagedMpi:2 GpuStagedMpi:4 GpuDeterministic:1 GpuDeterministic:2 \
+             GpuDeterministic:4 GpuLossScale:1 GpuLossScale:2; do
+    check "mpi_${run%:*}_np${run#*:}" mpirun -np "${run#*:}" --oversubscribe "$dir/bin/mpi_test_cuda" \
+      --gtest_filter="${run%:*}.*"
+  done
+  check GpuTraining "$dir/bin/test_cli" --gtest_filter='GpuTraining.*'
+  exit $status
+  ;;
+*)
+  echo "gpu-check.sh: prepare, run or bench, not '$mode'" >&2
+  exit 2
+  ;;
+esac
