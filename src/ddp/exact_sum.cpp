@@ -65,6 +65,7 @@ ExactGradientSum::ExactGradientSum(std::vector<size_t> param_numels, int shards)
   // Before any step: gradients below 2^kHeadroomBits in magnitude (a redo
   // otherwise).
   exponents_.assign(numels_.size(), limit_bits_ - kHeadroomBits);
+  started_.assign(numels_.size(), 0);
 }
 
 void ExactGradientSum::set_exponents(const std::vector<int64_t>& e) {
@@ -98,11 +99,49 @@ void ExactGradientSum::ready(comm::Communicator& comm, size_t first, size_t coun
   if (count > 0) start_reduce(comm, first, count);
 }
 
+void ExactGradientSum::start_reduce(comm::Communicator& comm, size_t first, size_t count) {
+  for (size_t p = first; p < first + count; ++p)
+    DDP_CHECK(!started_[p], "--deterministic: the sums of parameter ", p, " started twice in one step");
+  std::fill(started_.begin() + long(first), started_.begin() + long(first + count), 1);
+  const size_t base = offsets_[first], span = offsets_[first + count - 1] + numels_[first + count - 1] - base;
+  if (span == 0) return;
+  inflight_.push_back(comm.allreduce_int64_async(
+      sums() + base, span,
+      detail::concat("--deterministic: fixed-point gradient sums of parameters ", first, " .. ", first + count - 1)));
+}
+
+void ExactGradientSum::reduce_all(comm::Communicator& comm) {
+  for (size_t p = 0; p < numels_.size();) {
+    if (started_[p]) {
+      ++p;
+      continue;
+    }
+    size_t end = p;
+    while (end < numels_.size() && !started_[end]) ++end;
+    start_reduce(comm, p, end - p);
+    p = end;
+  }
+  drop_reduces();  // every sum is in sums() now
+}
+
+void ExactGradientSum::drop_reduces() {
+  // Waited in the order started (each wait throws on a failure or a
+  // timeout, naming the sums).
+  for (auto& w : inflight_) w->wait();
+  inflight_.clear();
+  std::fill(started_.begin(), started_.end(), 0);
+}
+
+bool ExactGradientSum::in_flight() const {
+  for (const auto& w : inflight_)
+    if (!w->done()) return true;
+  return false;
+}
+
 HostExactGradientSum::HostExactGradientSum(std::vector<size_t> param_numels, int shards)
     : ExactGradientSum(std::move(param_numels), shards) {
   acc_.assign(total_, 0);
   max_.assign(numels_.size(), 0.0);
-  started_.assign(numels_.size(), 0);
 }
 
 HostExactGradientSum::~HostExactGradientSum() {
@@ -110,11 +149,7 @@ HostExactGradientSum::~HostExactGradientSum() {
   // MPI moves them (Note [abandoned requests], mpi_communicator.cpp), so its
   // memory outlives this object, on purpose, for the little that is left of
   // the job.
-  for (const auto& w : inflight_)
-    if (!w->done()) {
-      new std::vector<int64_t>(std::move(acc_));
-      return;
-    }
+  if (in_flight()) new std::vector<int64_t>(std::move(acc_));
 }
 
 void HostExactGradientSum::clear_sums() {
@@ -177,38 +212,7 @@ void HostExactGradientSum::fold(size_t first, size_t count) {
 
 void HostExactGradientSum::local_maxima(double* out) { std::copy(max_.begin(), max_.end(), out); }
 
-void HostExactGradientSum::start_reduce(comm::Communicator& comm, size_t first, size_t count) {
-  for (size_t p = first; p < first + count; ++p)
-    DDP_CHECK(!started_[p], "--deterministic: the sums of parameter ", p, " started twice in one step");
-  const size_t base = offsets_[first], span = offsets_[first + count - 1] + numels_[first + count - 1] - base;
-  inflight_.push_back(comm.allreduce_int64_async(
-      acc_.data() + base, span,
-      detail::concat("--deterministic: fixed-point gradient sums of parameters ", first, " .. ", first + count - 1)));
-  std::fill(started_.begin() + long(first), started_.begin() + long(first + count), 1);
-}
-
-void HostExactGradientSum::drop_reduces() {
-  // Waited in the order started (each wait throws on a failure or a
-  // timeout, naming the sums).
-  for (auto& w : inflight_) w->wait();
-  inflight_.clear();
-  std::fill(started_.begin(), started_.end(), 0);
-}
-
-void HostExactGradientSum::reduce_into(comm::Communicator& comm, float* grads) {
-  // The runs of params no ready() started, in flat order: the same on every
-  // rank.
-  for (size_t p = 0; p < numels_.size();) {
-    if (started_[p]) {
-      ++p;
-      continue;
-    }
-    size_t end = p;
-    while (end < numels_.size() && !started_[end]) ++end;
-    start_reduce(comm, p, end - p);
-    p = end;
-  }
-  drop_reduces();  // every sum is in acc_ now
+void HostExactGradientSum::dequantize_into(float* grads) {
   for (size_t p = 0; p < numels_.size(); ++p)
     dequantize(acc_.data() + offsets_[p], numels_[p], int(exponents_[p]), grads + offsets_[p]);
 }
@@ -243,7 +247,8 @@ ExactGradientSum::Result ExactGradientSum::finish(comm::Communicator& comm, floa
     ++redone_;
     return Result::Redo;
   }
-  reduce_into(comm, grads);  // with this step's exponents
+  reduce_all(comm);
+  dequantize_into(grads);  // with this step's exponents
   next_exponents();
   return Result::Done;
 }

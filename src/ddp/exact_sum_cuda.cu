@@ -75,6 +75,10 @@ class CudaExactGradientSum final : public ExactGradientSum {
     clear_sums();
   }
   ~CudaExactGradientSum() override {
+    // An error left sums in flight on the communication stream: their
+    // memory stays, as the host's does (HostExactGradientSum), for the
+    // little that is left of the job.
+    if (in_flight()) return;
     // Stream-ordered: after whatever still reads them (nothing to report
     // from a destructor).
     if (acc_) cudaFreeAsync(acc_, ctx_.compute());
@@ -105,6 +109,7 @@ class CudaExactGradientSum final : public ExactGradientSum {
 
  private:
   void clear_sums() override {
+    drop_reduces();  // nothing may write into acc_ from here on
     DDP_CUDA_CHECK(cudaMemsetAsync(acc_, 0, std::max<size_t>(total_, 1) * sizeof(int64_t), ctx_.compute()));
     DDP_CUDA_CHECK(
         cudaMemsetAsync(max_bits_, 0, std::max<size_t>(numels_.size(), 1) * sizeof(unsigned), ctx_.compute()));
@@ -120,9 +125,9 @@ class CudaExactGradientSum final : public ExactGradientSum {
                                             : double(bits_float(host_bits_[p]));
   }
 
-  void reduce_into(comm::Communicator& comm, float* grads) override {
-    if (comm.size() > 1 && total_ > 0)
-      comm.allreduce_int64_async(acc_, total_, "--deterministic: fixed-point gradient sums")->wait();
+  int64_t* sums() override { return acc_; }
+
+  void dequantize_into(float* grads) override {
     for (size_t p = 0; p < numels_.size(); ++p) {
       if (numels_[p] == 0) continue;
       dequantize_kernel<<<grid_for(numels_[p]), kThreads, 0, ctx_.compute()>>>(

@@ -106,8 +106,7 @@ class ExactGradientSum {
   // Nothing finish decides can change them: they were converted at exponents
   // agreed before the step, and a step that must be redone drops them.
   // Collective in the order of calls: every rank marks the same runs in the
-  // same order (backward's op order). A device may start nothing before
-  // finish.
+  // same order (backward's op order).
   void ready(comm::Communicator& comm, size_t first, size_t count);
   // Collective. Done: grads holds the sum of every rank's micro-shards,
   // identical on every rank, and the next step's exponents are set. Redo: a
@@ -133,23 +132,25 @@ class ExactGradientSum {
   // parameters (lanes: how many there are).
   void check_params(size_t first, size_t count) const;
   void check_add(int lane, int lanes, size_t first, size_t count) const;
-  // The device's part: empty the sums; this rank's largest |g| per parameter
-  // since then (+infinity where one was a NaN or infinite); the sums over
-  // every rank turned into grads (grads[i] = sum[i] * 2^-exponent); grads
+  // The device's part: empty the sums (after drop_reduces); its sums in flat
+  // order, in its memory (what the communicator all-reduces in place); this
+  // rank's largest |g| per parameter since they were emptied (+infinity
+  // where one was a NaN or infinite); grads[i] = sum[i] * 2^-exponent; grads
   // all NaN.
   virtual void clear_sums() = 0;
+  virtual int64_t* sums() = 0;
   virtual void local_maxima(double* out) = 0;
-  virtual void reduce_into(comm::Communicator& comm, float* grads) = 0;
+  virtual void dequantize_into(float* grads) = 0;
   virtual void fill_nan(float* grads) = 0;
-  // Note [overlapped sums]: start the sums of params [first, first + count)
-  // across the ranks (default: nothing, all of them in reduce_into); and
-  // wait until none is in flight, their results dropped.
-  virtual void start_reduce(comm::Communicator& comm, size_t first, size_t count) {
-    (void)comm;
-    (void)first;
-    (void)count;
-  }
-  virtual void drop_reduces() {}
+  // Note [overlapped sums], the same on every device: start the sums of
+  // params [first, first + count) across the ranks; start those no ready()
+  // started (in flat order, the same runs on every rank) and wait for all,
+  // so that sums() holds every rank's; wait until none is in flight, their
+  // results dropped; whether one is in flight.
+  void start_reduce(comm::Communicator& comm, size_t first, size_t count);
+  void reduce_all(comm::Communicator& comm);
+  void drop_reduces();
+  bool in_flight() const;
 
   std::vector<size_t> numels_, offsets_;
   size_t total_ = 0;
@@ -158,11 +159,14 @@ class ExactGradientSum {
 
  private:
   int64_t redone_ = 0;
+  // Note [overlapped sums]: the sums in flight, in the order started, and
+  // which params' sums have started this step.
+  std::vector<std::shared_ptr<comm::Work>> inflight_;
+  std::vector<char> started_;
 };
 
 // The sums in host memory, the gradients read from host memory (the CPU
-// device), all-reduced in place with Communicator::allreduce_int64_async:
-// each run of params ready() marks at once, the rest in finish.
+// device).
 class HostExactGradientSum final : public ExactGradientSum {
  public:
   HostExactGradientSum(std::vector<size_t> param_numels, int shards);
@@ -177,16 +181,11 @@ class HostExactGradientSum final : public ExactGradientSum {
 
  private:
   void clear_sums() override;
+  int64_t* sums() override { return acc_.data(); }
   void local_maxima(double* out) override;
-  void reduce_into(comm::Communicator& comm, float* grads) override;
+  void dequantize_into(float* grads) override;
   void fill_nan(float* grads) override;
-  void start_reduce(comm::Communicator& comm, size_t first, size_t count) override;
-  void drop_reduces() override;
   std::vector<int64_t> acc_;
-  // Note [overlapped sums]: the sums in flight, in the order started, and
-  // which params' sums have started this step.
-  std::vector<std::shared_ptr<comm::Work>> inflight_;
-  std::vector<char> started_;
   std::vector<double> max_;  // this rank's largest |g| per parameter this step
   // Lanes 1 and up (lane 0 adds into acc_ and max_): each one's sums of the
   // params it was last given, from their first one's offset; its maxima; and
@@ -203,9 +202,9 @@ class Context;
 // The sums in the GPU's memory (exact_sum_cuda.cu), one lane: each
 // micro-shard's gradients are quantized by a kernel on ctx's compute stream
 // as they are added (fixed_point.hpp's arithmetic, the host's), the sums
-// all-reduced by Communicator::allreduce_int64_async on device memory (an
-// integer NCCL all-reduce on the nccl backend), turned back into floats by a
-// kernel. sync(what) waits, bounded, for the compute stream before the host
+// all-reduced in device memory (an integer NCCL all-reduce on the nccl
+// backend, on the communication stream while backward goes on), turned back
+// into floats by a kernel. sync(what) waits, bounded, for the compute stream before the host
 // reads the maxima (the backend's Backend::sync).
 std::unique_ptr<ExactGradientSum> make_cuda_exact_sum(std::vector<size_t> param_numels, int shards,
                                                       cuda::Context& ctx,
