@@ -27,9 +27,9 @@
 // mask from) the rounded conv + bias, and its convolution's backward takes
 // d(conv output), a quarter of the rounded d(output), in 16 bits; the CPU
 // pools fp32 conv + bias and passes that quarter on in fp32 (they differ
-// where fp16 loses a quarter's bits below its normal range). Every conversion is precision.hpp's,
-// which the host tests check bit by bit: the hardware's own
-// round-to-nearest-even.
+// where fp16 loses a quarter's bits below its normal range). Every
+// conversion is precision.hpp's, which the host tests check bit by bit: the
+// hardware's own round-to-nearest-even.
 #include <vector>
 
 #include "cuda_kernels.hpp"

@@ -114,15 +114,15 @@ void CudaLinear::forward_half(const OpArgs& a) {
   round_cuda(a.y, a.y, ny, precision_, ctx_.compute());
 }
 
-// d(output) as a 16-bit copy; the bias gradient its rounded column sums; the
-// weight gradient into fp32 scratch, rounded as it is added; d(input)
-// rounded in place.
 // d(y), x, w in 16 bits; the fp32 weight gradient.
 std::vector<size_t> CudaLinear::backward_pieces(int batch) const {
   const size_t nx = size_t(batch) * size_t(in_), nw = size_t(out_) * size_t(in_), ny = size_t(batch) * size_t(out_);
   return {ny * 2, nx * 2, nw * 2, nw * sizeof(float)};
 }
 
+// d(output) as a 16-bit copy; the bias gradient its rounded column sums; the
+// weight gradient into fp32 scratch, rounded as it is added; d(input)
+// rounded in place.
 void CudaLinear::backward_half(const OpArgs& a, const float* dy, float* dx) {
   const int64_t nx = int64_t(a.batch) * in_, nw = int64_t(out_) * in_, ny = int64_t(a.batch) * out_;
   const std::vector<void*> at = staging_pieces(ctx_, backward_pieces(a.batch));

@@ -123,7 +123,7 @@ TEST_F(GpuTraining, MpiFourRanksSharingGpusLearnTheD2lRecipe) {
 
 // --precision bf16 and fp16 on a GPU (cuDNN's and cuBLAS's 16-bit kernels,
 // Note [half kernels]) learn as fp32 does: LeNet's d2l recipe, and
-// ResNet-18's at batch 64 (47 steps an epoch, so that BatchNorm's running
+// ResNet-18's at batch 64 (46 steps an epoch, so that BatchNorm's running
 // statistics keep up and eval accuracy settles), each the mean test accuracy
 // of its last epochs over three seeds (last_epochs_accuracy). The bound is
 // the CPU's (Precision.Bf16AndFp16LearnAsFp32); the GPU's spread has not
