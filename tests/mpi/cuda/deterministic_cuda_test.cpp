@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "../train/deterministic_runs.hpp"  // small nets, expect_world_matches_one_rank
-#include "gpu_test_support.hpp"             // gpu_world
+#include "gpu_test_support.hpp"             // gpu_world, gpu_backend
 
 namespace ddp::train {
 namespace {
@@ -25,13 +25,9 @@ class GpuDeterministic : public ::testing::Test {
 TEST_F(GpuDeterministic, StepsAtThisWorldSizeAreBitwiseThoseOfOneRankAlone) {
   const World w = ddp::test::gpu_world();
   if (test::kShards % w.size != 0) GTEST_SKIP() << "world size " << w.size << " does not divide " << test::kShards;
-  const test::MakeBackend gpu = [](const World& world, const Config& cfg) {
-    return make_cuda_backend(world, cfg, world.local_rank % cuda::device_count(),
-                             comm::make_mpi_communicator(world), nullptr);
-  };
   for (const nn::Graph& g : {test::small_bn_net(), test::small_lenet()}) {
     SCOPED_TRACE(g.model);
-    test::expect_world_matches_one_rank(w, g, gpu);
+    test::expect_world_matches_one_rank(w, g, ddp::test::gpu_backend);
   }
 }
 

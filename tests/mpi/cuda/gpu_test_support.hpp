@@ -25,6 +25,7 @@
 #include "ddp/ddp/reducer.hpp"               // Reducer
 #include "ddp/runtime/cuda_check.hpp"        // DDP_CUDA_CHECK
 #include "ddp/runtime/cuda_context.hpp"      // cuda::Context, DeviceBuffer, device_count
+#include "ddp/train/replica.hpp"             // make_cuda_backend: the replica tests' GPU backend
 
 namespace ddp::test {
 
@@ -60,6 +61,14 @@ inline std::string nccl_unfit_reason(const World& w) {
     return detail::concat("NCCL needs one GPU per rank: ", w.local_size, " ranks on this node, ",
                           gpus, " GPUs");
   return "NCCL needs one GPU per rank: another node has more ranks than GPUs";
+}
+
+// A replica test's GPU backend (train/make_backend.hpp's MakeBackend): ranks
+// on a node share its GPUs round-robin, through NCCL where each has its own,
+// else the staged mpi backend.
+inline std::unique_ptr<train::Backend> gpu_backend(const World& w, const train::Config& cfg) {
+  return train::make_cuda_backend(w, cfg, w.local_rank % cuda::device_count(), comm::make_mpi_communicator(w),
+                                  nullptr);
 }
 
 // One rank's device: ranks on a node share its GPUs round-robin.

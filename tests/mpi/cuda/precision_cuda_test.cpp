@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "../train/loss_scale_runs.hpp"  // expect_overflow_skipped_and_halved
-#include "gpu_test_support.hpp"           // gpu_world
+#include "gpu_test_support.hpp"           // gpu_world, gpu_backend
 
 namespace ddp::train {
 namespace {
@@ -14,9 +14,7 @@ namespace {
 TEST(GpuLossScale, AnOverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
   std::string why;
   if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device (" << why << ")";
-  test::expect_overflow_skipped_and_halved(ddp::test::gpu_world(), [](const World& w, const Config& cfg) {
-    return make_cuda_backend(w, cfg, w.local_rank % cuda::device_count(), comm::make_mpi_communicator(w), nullptr);
-  });
+  test::expect_overflow_skipped_and_halved(ddp::test::gpu_world(), ddp::test::gpu_backend);
 }
 
 }  // namespace

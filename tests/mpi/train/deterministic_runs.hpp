@@ -22,6 +22,7 @@
 #include "ddp/train/optim_config.hpp"
 #include "ddp/train/replica.hpp"
 #include "../ddp/test_world.hpp"
+#include "make_backend.hpp"  // MakeBackend
 
 namespace ddp::train::test {
 
@@ -71,9 +72,6 @@ inline std::vector<uint32_t> bits(const std::vector<float>& v) {
   if (!v.empty()) std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
   return b;
 }
-
-// The backend of a replica on world w.
-using MakeBackend = std::function<std::unique_ptr<Backend>(const World& w, const Config& cfg)>;
 
 // `steps` steps at lr 0.1 from `start`, each on this rank's part of its
 // global batch; the state after them. With redone, the steps that had to be

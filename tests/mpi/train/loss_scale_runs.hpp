@@ -9,8 +9,6 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include <functional>
-#include <memory>
 #include <vector>
 
 #include "ddp/core/rng.hpp"
@@ -19,6 +17,7 @@
 #include "ddp/train/optim_config.hpp"
 #include "ddp/train/replica.hpp"
 #include "../ddp/test_world.hpp"
+#include "make_backend.hpp"  // MakeBackend
 
 namespace ddp::train::test {
 
@@ -43,9 +42,7 @@ inline void expect_same_on_every_rank(const World& w, const std::vector<float>& 
       ASSERT_EQ(all[size_t(r) * v.size() + i], all[i]) << what << ": rank " << r << " differs at " << i;
 }
 
-using MakeScaledBackend = std::function<std::unique_ptr<Backend>(const World& w, const Config& cfg)>;
-
-inline void expect_overflow_skipped_and_halved(const World& w, const MakeScaledBackend& make) {
+inline void expect_overflow_skipped_and_halved(const World& w, const MakeBackend& make) {
   Config cfg;
   cfg.batch_size = kLossScalePerRank * w.size;
   cfg.precision = "fp16";

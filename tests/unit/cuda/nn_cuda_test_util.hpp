@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -99,6 +100,13 @@ inline StepInputs step_inputs(int step, int batch, size_t image_floats, int clas
   for (float& v : in.x) v = rng.uniform();
   for (int32_t& l : in.labels) l = int32_t(rng.below(uint64_t(classes)));
   return in;
+}
+
+// Floats as their bits: equal means bitwise equal (0.0 and -0.0 differ).
+inline std::vector<uint32_t> bits(const std::vector<float>& v) {
+  std::vector<uint32_t> b(v.size());
+  if (!v.empty()) std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+  return b;
 }
 
 // The same optimizer over a CPU model's parameters and a GPU model's, each

@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -45,12 +44,6 @@ constexpr Precision kHalves[] = {Precision::BF16, Precision::F16};
 
 class CudaHalf : public nn_cuda_test::GpuTest {};
 
-std::vector<uint32_t> bits_of(const std::vector<float>& v) {
-  std::vector<uint32_t> b(v.size());
-  if (!v.empty()) std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
-  return b;
-}
-
 // One graph on the CPU and on the GPU, from one state, both in precision p.
 struct Twins {
   Twins(cuda::Context& ctx, const Graph& g, const ModelState& s, Precision p)
@@ -78,7 +71,7 @@ TEST_F(CudaHalf, RoundingIsTheHostsBitForBit) {
     dev->round(gy.get(), gx.get(), x.size(), p);
     std::vector<float> want(x.size());
     for (size_t i = 0; i < x.size(); ++i) want[i] = round_to(p, x[i]);
-    EXPECT_EQ(bits_of(gy.download()), bits_of(want));
+    EXPECT_EQ(nn_cuda_test::bits(gy.download()), nn_cuda_test::bits(want));
   }
 }
 
