@@ -194,10 +194,9 @@ const float* Model::forward(const float* x, int batch, Mode mode, int shard) {
   input_ = x;
   const int64_t shards = shard > 0 ? (batch + shard - 1) / shard : 0;
   // Note [mixed precision]: the weights as the half ops compute with them.
-  if (any_half_op())
-    for (size_t i = 0; i < graph_.ops.size(); ++i)
-      if (const auto [at, n] = param_span(i); half_op(i) && n)
-        device_.round(half_params_->data() + at, params() + at, n, precision_);
+  for (size_t i = 0; i < graph_.ops.size(); ++i)
+    if (const auto [at, n] = param_span(i); half_op(i) && n)
+      device_.round(half_params_->data() + at, params() + at, n, precision_);
   for (size_t i = 0; i < graph_.ops.size(); ++i) {
     OpArgs& a = args_[i];
     a.batch = batch;

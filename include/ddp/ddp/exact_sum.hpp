@@ -204,8 +204,8 @@ class Context;
 // as they are added (fixed_point.hpp's arithmetic, the host's), the sums
 // all-reduced in device memory (an integer NCCL all-reduce on the nccl
 // backend, on the communication stream while backward goes on), turned back
-// into floats by a kernel. sync(what) waits, bounded, for the compute stream before the host
-// reads the maxima (the backend's Backend::sync).
+// into floats by a kernel. sync(what) waits, bounded, for the compute stream
+// before the host reads the maxima (the backend's Backend::sync).
 std::unique_ptr<ExactGradientSum> make_cuda_exact_sum(std::vector<size_t> param_numels, int shards,
                                                       cuda::Context& ctx,
                                                       std::function<void(const std::string&)> sync);
