@@ -293,6 +293,10 @@ Parsed parse_options(int argc, char** argv, int world_size) {
       c.deterministic_shards = 16;
       while (c.batch_size % c.deterministic_shards != 0) c.deterministic_shards /= 2;
       read_number(result, "deterministic-shards", c.deterministic_shards);
+      // 0 would read as "off" below (validate); --deterministic asked for on.
+      if (c.deterministic_shards < 1)
+        throw UsageError(detail::concat("--deterministic-shards ", c.deterministic_shards,
+                                        " is out of range: it must be from 1 to ", kMaxBatch));
     } else if (result.count("deterministic-shards")) {
       throw UsageError("--deterministic-shards sets --deterministic's micro-shards; add --deterministic");
     }

@@ -132,6 +132,13 @@ TEST_F(Deterministic, ShardsThatDoNotDivideTheBatchAreRefused) {
   expect_failure(r, "--deterministic-shards 5 must divide the global batch (--batch-size 128)");
 }
 
+// A count below 1 is refused, not read as --deterministic off.
+TEST_F(Deterministic, NoShardsAreRefused) {
+  for (const char* k : {"0", "-4"})
+    expect_failure(run_ddp_train(1, kRecipe + " --epochs 1 --deterministic-shards " + k),
+                   std::string("--deterministic-shards ") + k + " is out of range: it must be from 1 to 1048576");
+}
+
 TEST_F(Deterministic, ACheckpointOfAnotherCutIsRefusedNamingIt) {
   const std::string ck = path("ck");
   auto first = run_ddp_train(2, kRecipe + " --epochs 1 --checkpoint-dir " + ck);
