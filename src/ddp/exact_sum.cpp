@@ -132,10 +132,17 @@ void ExactGradientSum::drop_reduces() {
   std::fill(started_.begin(), started_.end(), 0);
 }
 
-bool ExactGradientSum::in_flight() const {
-  for (const auto& w : inflight_)
-    if (!w->done()) return true;
-  return false;
+bool ExactGradientSum::in_flight() const noexcept {
+  try {
+    for (const auto& w : inflight_)
+      if (!w->done()) return true;
+    return false;
+  } catch (...) {
+    // done() throws once the communicator has failed (a wait in
+    // drop_reduces threw and left the sums listed): whether the
+    // collective still writes our memory is unknown, so it is in flight.
+    return true;
+  }
 }
 
 HostExactGradientSum::HostExactGradientSum(std::vector<size_t> param_numels, int shards)

@@ -146,11 +146,12 @@ class ExactGradientSum {
   // params [first, first + count) across the ranks; start those no ready()
   // started (in flat order, the same runs on every rank) and wait for all,
   // so that sums() holds every rank's; wait until none is in flight, their
-  // results dropped; whether one is in flight.
+  // results dropped; whether one is in flight (for the destructors: never
+  // throws, and a sum whose communicator has failed counts as in flight).
   void start_reduce(comm::Communicator& comm, size_t first, size_t count);
   void reduce_all(comm::Communicator& comm);
   void drop_reduces();
-  bool in_flight() const;
+  bool in_flight() const noexcept;
 
   std::vector<size_t> numels_, offsets_;
   size_t total_ = 0;

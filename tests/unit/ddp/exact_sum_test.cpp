@@ -236,6 +236,37 @@ TEST(ExactGradientSum, ReadyParamsStartTheirSumsAtOnceAndFinishTheRest) {
   EXPECT_EQ(rec.works[0]->waits, 1);
 }
 
+// A failed communicator, as NCCL's after an error: its work throws on
+// wait() and on done().
+class FailedRank : public test::OneRank {
+ public:
+  struct FailedWork : comm::Work {
+    void wait() override { throw Error("int64 all-reduce: the communicator has failed"); }
+    bool done() override { throw Error("int64 all-reduce: the communicator has failed"); }
+  };
+  std::shared_ptr<comm::Work> allreduce_int64_async(int64_t*, size_t, std::string) override {
+    return std::make_shared<FailedWork>();
+  }
+};
+
+// A sum in flight when its communicator fails: finish reports the failure,
+// and the store is destroyed while the error unwinds (its memory left to
+// the collective that may still write it), not ended by std::terminate.
+TEST(ExactGradientSum, ASumWhoseCommunicatorFailedIsDestroyedWithoutThrowing) {
+  const std::vector<size_t> numels = {300, 7};
+  FailedRank failed;
+  std::vector<float> got(307);
+  EXPECT_THROW(
+      {
+        HostExactGradientSum sum(numels, 2);
+        sum.begin_step();
+        for (int s = 0; s < 2; ++s) sum.add(shard_grads(s, 307, 1e-2).data());
+        sum.ready(failed, 0, 2);
+        sum.finish(failed, got.data());
+      },
+      Error);
+}
+
 TEST(ExactGradientSum, AGradientThatOutgrowsItsExponentRedoesTheStepThenFits) {
   const std::vector<size_t> numels = {100};
   HostExactGradientSum sum(numels, 4);
