@@ -161,6 +161,7 @@ void Replica::reduced_passes(const float* x, const int32_t* y, int batch, size_t
               backend_->loss(logits, y + size_t(k) * micro, micro, classes_, dlogits_->data(), batch)) {
         health.loss += *loss / accumulate_;
         health.loss_finite = health.loss_finite && std::isfinite(*loss);
+        health.loss_known = true;
       }
       scale_dlogits(micro);
     }
@@ -237,6 +238,7 @@ void Replica::exact_passes(const float* x, const int32_t* y, int batch, StepHeal
                                              dlogits_->data() + at, global_batch_)) {
           health.loss += *loss / shards;
           health.loss_finite = health.loss_finite && std::isfinite(*loss);
+          health.loss_known = true;
         }
       }
       scale_dlogits(batch);

@@ -249,26 +249,31 @@ void write_model(const std::string& path, const nn::Graph& g, const TrainState& 
 }
 
 // A step whose averaged gradients are not finite: every rank has the same
-// gradients, so all of them are here; they say which had a non-finite loss,
-// and the job ends naming the step, before anything of it is saved.
+// gradients, so all of them are here; they say which had a non-finite loss
+// (where the host has it: not on GPUs), and the job ends naming the step,
+// before anything of it is saved.
 [[noreturn]] void diverged(comm::Communicator& comm, const StepHealth& health, int64_t epoch, int64_t step,
                            int64_t global_step) {
-  const double mine = health.loss;
-  const std::vector<char> all = comm.allgather(&mine, sizeof mine, "divergence: every rank's loss");
+  const double mine[2] = {health.loss, health.loss_known ? 1.0 : 0.0};
+  const std::vector<char> all = comm.allgather(mine, sizeof mine, "divergence: every rank's loss");
   std::string ranks;
-  int bad = 0;
+  int bad = 0, known = 0;
   for (int r = 0; r < comm.size(); ++r) {
-    double loss = 0;
-    std::memcpy(&loss, all.data() + r * sizeof loss, sizeof loss);
-    if (!std::isfinite(loss)) ranks += detail::concat(bad++ ? ", " : "", r);
+    double theirs[2];
+    std::memcpy(theirs, all.data() + r * sizeof mine, sizeof mine);
+    if (theirs[1] == 0) continue;
+    ++known;
+    if (!std::isfinite(theirs[0])) ranks += detail::concat(bad++ ? ", " : "", r);
   }
-  const std::string losses = bad == 0             ? "the loss was finite on every rank"
-                             : bad == comm.size() ? "the loss was NaN or infinite on every rank"
-                                                  : detail::concat("the loss was NaN or infinite on rank",
-                                                                   bad > 1 ? "s " : " ", ranks);
+  std::string what = "the averaged gradients hold a NaN or an infinity";
+  if (known == comm.size())
+    what += bad == 0             ? ", and the loss was finite on every rank"
+            : bad == comm.size() ? ", and the loss was NaN or infinite on every rank"
+                                 : detail::concat(", and the loss was NaN or infinite on rank", bad > 1 ? "s " : " ",
+                                                  ranks);
   throw CollectiveError(detail::concat("training diverged at epoch ", epoch + 1, ", step ", step, " (global step ",
-                                       global_step, "): the averaged gradients hold a NaN or an infinity, and ",
-                                       losses, ". Nothing of this step was saved; a smaller --lr may help"));
+                                       global_step, "): ", what,
+                                       ". Nothing of this step was saved; a smaller --lr may help"));
 }
 
 // Before a state is written anywhere: every parameter finite, else an error
@@ -613,7 +618,8 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     allreduces_per_step = sums.allreduces / double(epoch_steps);
     allreduce_bytes_per_step = sums.allreduce_bytes / double(epoch_steps);
     const double lr = schedule.at(state.global_step - 1);  // the epoch's last step's
-    const double grad_norm = sums.grad_norm / double(epoch_steps);
+    // Over the steps that took one: a step fp16's scaler skipped has none.
+    const double grad_norm = sums.grad_norm / double(std::max<int64_t>(1, epoch_steps - skipped_steps));
     epoch_secs.push_back(train_sec);
     rates.push_back(rate);
     if (leader) {

@@ -45,7 +45,11 @@ std::string command_line(int np, const std::string& args) {
   if (np > 0)
     cmd = "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + std::string(DDP_MPIEXEC) + " -np " +
           std::to_string(np) + " --oversubscribe --bind-to none ";
-  return cmd + DDP_TRAIN_BIN + " " + args;
+  // The suite's runs are the CPU's wherever it runs (their expectations are
+  // the CPU's: its bits, its messages); a test that means another device
+  // says so (GpuTraining: --device cuda; Devices: --device auto).
+  const bool device = args.find("--device") != std::string::npos;
+  return cmd + DDP_TRAIN_BIN + (device ? " " : " --device cpu ") + args;
 }
 
 RunResult collect(int raw, const std::string& dir) {

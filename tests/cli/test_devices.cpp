@@ -40,7 +40,7 @@ int visible_gpus() {
 const std::string kSmall = "--synthetic 640 --epochs 1 --batch-size 64 --quiet";
 
 TEST(Devices, AutoRunsWhereTheGpusAre) {
-  auto r = run_ddp_train(2, kSmall);
+  auto r = run_ddp_train(2, kSmall + " --device auto");
   ASSERT_EQ(r.status, 0) << r.err;
   const auto s = summary_of(r);
   ASSERT_FALSE(s.is_null()) << r.out;
@@ -69,7 +69,7 @@ TEST(Devices, MissingGpuIsNamedWithHostAndCount) {
 
 TEST(Devices, NcclWithoutGpusIsRefused) {
   if (visible_gpus() > 0) GTEST_SKIP() << "this machine has a CUDA device; the error is for machines without";
-  auto r = run_ddp_train(2, kSmall + " --backend nccl");
+  auto r = run_ddp_train(2, kSmall + " --backend nccl --device auto");
   EXPECT_NE(r.status, 0);
 #if DDP_HAVE_CUDA
   EXPECT_NE(r.err.find("--backend nccl needs a GPU on every rank"), std::string::npos) << r.err;

@@ -54,3 +54,25 @@ if errors:
     sys.exit(1)
 print(f"{len(tb)} tags, {sum(len(v) for v in tb.values())} points: every step and epoch as written")
 PY
+
+# --precision fp16 from a scale that overflows: the scaler skips the first
+# steps, which take no norm (0 on the board); the epoch's grad_norm is the
+# mean over the steps that took one.
+"$mpiexec" -np 2 --oversubscribe --bind-to none "$train" --synthetic 2048 --batch-size 128 --lr 0.05 \
+  --clip-grad-norm 1 --precision fp16 --init-scale 268435456 --epochs 1 --quiet \
+  --tensorboard "$dir/tb16" --metrics-out "$dir/m16.jsonl" >"$dir/out3"
+"$py" "$here/tensorboard_dump.py" "$dir/tb16" >"$dir/tb16.json"
+"$py" - "$dir/tb16.json" "$dir/m16.jsonl" <<'PY'
+import json, sys
+tb = json.load(open(sys.argv[1]))
+record = json.loads(open(sys.argv[2]).readline())
+norms = [v for _, v in tb["step/grad_norm"]]
+taken = [v for v in norms if v > 0]
+skipped = record["skipped_steps"]
+if not 0 < skipped < len(norms) or len(norms) - len(taken) != skipped:
+    sys.exit(f"{skipped} skipped steps, {len(norms) - len(taken)} of {len(norms)} step norms 0: expected some of each")
+mean = sum(taken) / len(taken)
+if abs(record["grad_norm"] - mean) > 1e-6 * mean:
+    sys.exit(f"epoch grad_norm {record['grad_norm']} is not the mean {mean} of the {len(taken)} steps that took a norm")
+print(f"fp16: {skipped} of {len(norms)} steps skipped; grad_norm {record['grad_norm']:.6g} is the others' mean")
+PY

@@ -33,11 +33,12 @@ struct StepScalars {
 };
 
 // torch.nn.utils.clip_grad_norm_'s factor for gradients of squared L2 norm
-// sq: max_norm / (norm + 1e-6), at most 1, in float as PyTorch computes it.
+// sq: max_norm / (norm + 1e-6), at most 1, in float as PyTorch computes it;
+// a NaN norm gives NaN, as torch.clamp keeps it (every gradient then NaN).
 DDP_HOST_DEVICE inline float clip_coefficient(float max_norm, double sq) {
   const float norm = static_cast<float>(sqrt(sq));
   const float coef = max_norm / (norm + 1e-6f);
-  return coef < 1.0f ? coef : 1.0f;
+  return coef >= 1.0f ? 1.0f : coef;
 }
 
 // What a step multiplies every gradient by: unscale (the inverse of the

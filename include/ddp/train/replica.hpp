@@ -65,7 +65,10 @@ struct StepHealth {
   // --precision fp16: the gradients were not finite and the loss scaler
   // skipped the step (every rank alike), halving its scale.
   bool skipped = false;
-  double loss = 0;  // this rank's mean loss of the step
+  double loss = 0;  // this rank's mean loss of the step, where loss_known
+  // Whether the host has the step's loss (a GPU keeps it on the device until
+  // take_sums).
+  bool loss_known = false;
 };
 
 // Everything a checkpoint holds of a replica, on the host: the model's

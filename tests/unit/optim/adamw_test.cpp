@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ddp/core/error.hpp"
+#include "ddp/optim/update_math.hpp"  // clip_coefficient
 #include "optim_test_util.hpp"
 
 namespace ddp::optim {
@@ -142,6 +143,19 @@ TEST(Clip, ScalesTheGradientByPyTorchsFactorAndReportsTheNormBeforeClipping) {
   std::fill(p.begin(), p.end(), 0.0f);
   rig.opt->step(1.0, p.data(), small.data());
   EXPECT_EQ(p[0], -0.1f);  // below the threshold: untouched, bit for bit
+}
+
+// A NaN in the gradients makes the norm NaN, and PyTorch's factor NaN: every
+// parameter becomes NaN, not just the NaN's own with the rest unclipped.
+TEST(Clip, ANaNNormMakesEveryGradientNaNAsPyTorchDoes) {
+  Options o;
+  o.max_grad_norm = 0.5;
+  test::Rig rig(o, test::tensors({{2}, {2}}));
+  std::vector<float> p(4, 0.0f), g = {std::nanf(""), 0.0f, 0.0f, 4.0f};
+  rig.opt->step(1.0, p.data(), g.data());
+  for (float v : p) EXPECT_TRUE(std::isnan(v)) << v;
+  EXPECT_TRUE(std::isnan(clip_coefficient(0.5f, std::nan(""))));
+  EXPECT_EQ(clip_coefficient(0.5f, 0.0), 1.0f);
 }
 
 TEST(Clip, IsOffWithoutMaxNorm) {
