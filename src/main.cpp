@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <thread>
 
 #include "ddp/cli/options.hpp"       // parse_options: flags -> Config
 #include "ddp/core/error.hpp"        // Error, CollectiveError (UsageError)
@@ -13,15 +14,22 @@
 
 namespace {
 
-[[noreturn]] void fail(const ddp::World& world, const char* what, bool same_on_every_rank) {
-  // Errors every rank raises alike are said once, by rank 0; the others wait
-  // for rank 0's MPI_Abort to end them.
-  if (!same_on_every_rank || world.rank == 0) {
+// Errors every rank raises alike are said once, by rank 0; the others wait
+// for rank 0's MPI_Abort to end them, and should it not come within wait_s
+// (rank 0 died first, and the launcher leaves the job to its other ranks,
+// as srun without --kill-on-bad-exit does), say it and end the job
+// themselves.
+[[noreturn]] void fail(const ddp::World& world, const char* what, bool same_on_every_rank, double wait_s) {
+  auto say = [&] {
     std::fprintf(stderr, "ddp_train: error: %s (rank %d)\n", what, world.rank);
     std::fflush(stderr);
+  };
+  if (!same_on_every_rank || world.rank == 0) {
+    say();
     ddp::abort_world(1);
   }
-  MPI_Barrier(world.comm);
+  std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
+  say();
   ddp::abort_world(1);
 }
 
@@ -35,8 +43,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ddp_train: error: %s (rank ?)\n", e.what());
     ddp::abort_world(1);
   }
+  double wait_s = 60;  // fail's wait for rank 0's abort: --timeout once parsed
   try {
     const auto parsed = ddp::cli::parse_options(argc, argv, world.size);
+    wait_s = parsed.config.timeout_sec;
     if (parsed.help) {
       if (world.rank == 0) std::cout << *parsed.help;
       ddp::finalize_world(world);
@@ -51,9 +61,9 @@ int main(int argc, char** argv) {
     ddp::finalize_world(world);
     return rc;
   } catch (const ddp::CollectiveError& e) {
-    fail(world, e.what(), true);
+    fail(world, e.what(), true, wait_s);
   } catch (const std::exception& e) {
-    fail(world, e.what(), false);
+    fail(world, e.what(), false, wait_s);
   }
 }
 

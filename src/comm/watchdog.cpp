@@ -154,7 +154,17 @@ class Watchdog::Impl {
     std::snprintf(mine.host, sizeof mine.host, "%s", world.host.c_str());
     peers_.resize(size_t(size_));
     DDP_MPI_CHECK(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, peers_.data(), sizeof mine, MPI_BYTE, comm_));
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      // An exception leaving the thread would end the process without a
+      // word (std::terminate); the job ends saying it instead.
+      try {
+        run();
+      } catch (const std::exception& e) {
+        abort_with(std::string("the watchdog failed: ") + e.what());
+      } catch (...) {
+        abort_with("the watchdog failed");
+      }
+    });
   }
 
   ~Impl() {

@@ -74,11 +74,20 @@ class Tracker {
     }
   }
 
-  // Polls the pending operations that can say they are done.
-  TrackerSnapshot snapshot() {
+  // Polls the pending operations that can say they are done (on the
+  // watchdog's thread: never throws; an operation whose done() throws, its
+  // communicator failed, stays pending while the caller's thread reports it).
+  TrackerSnapshot snapshot() noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     const auto now = Clock::now();
-    while (!pending_.empty() && pending_.front().work && pending_.front().work->done()) {
+    const auto done = [](Work& w) noexcept {
+      try {
+        return w.done();
+      } catch (...) {
+        return false;
+      }
+    };
+    while (!pending_.empty() && pending_.front().work && done(*pending_.front().work)) {
       pending_.pop_front();
       last_event_ = now;
     }

@@ -2,6 +2,7 @@
 #include "ddp/nn/thread_pool.hpp"
 
 #include <algorithm>
+#include <system_error>
 
 #include "ddp/core/error.hpp"
 #include "ddp/nn/gemm.hpp"
@@ -26,10 +27,20 @@ int default_threads() { return std::max(1, cpu::blas_threads()); }
 
 ThreadPool::ThreadPool(int threads) {
   DDP_CHECK(threads >= 1, "ThreadPool: need at least one thread, got ", threads);
-  for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { worker(t); });
+  try {
+    for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { worker(t); });
+  } catch (const std::system_error& e) {
+    // The destructor does not run for a constructor that throws, and a
+    // joinable std::thread destroyed unjoined ends the process: stop and
+    // join the workers started, then say what failed.
+    const size_t started = workers_.size();
+    shut_down();
+    DDP_FAIL("could not start thread ", started + 1, " of ", threads, " (", e.what(),
+             "): the process or user may be at its thread limit (ulimit -u)");
+  }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::shut_down() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -37,7 +48,10 @@ ThreadPool::~ThreadPool() {
   }
   start_cv_.notify_all();
   for (auto& w : workers_) w.join();
+  workers_.clear();
 }
+
+ThreadPool::~ThreadPool() { shut_down(); }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int)>& body) {
   if (n <= 0) return;

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <optional>
 #include <utility>
 
@@ -66,7 +67,14 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
   dlogits_ = dev.alloc(size_t(cfg.batch_size) * size_t(classes_));
 }
 
-Replica::~Replica() = default;
+Replica::~Replica() {
+  // While an error unwinds, buckets may still be all-reduced in place in the
+  // model's gradients: by the communication thread until the backend's
+  // communicator (destroyed after the model) stops it, and by MPI after that
+  // (Note [abandoned requests], comm/mpi_communicator.cpp). The model's
+  // memory stays for the little that is left of the job.
+  if (std::uncaught_exceptions() > 0) static_cast<void>(model_.release());
+}
 
 void Replica::push(const TrainState& s) {
   model_->set_state(s.model);

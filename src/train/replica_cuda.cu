@@ -96,10 +96,7 @@ class CudaBackend final : public Backend {
     } else {
       comm_ = comm::make_staged_mpi_communicator(world, *ctx_, std::move(host_comm));
     }
-    if (watchdog) {
-      comm_ = watchdog->watch(std::move(comm_));
-      watchdog->on_abort([c = comm_.get()] { c->abort_now(); });
-    }
+    if (watchdog) comm_ = watchdog->watch(std::move(comm_));
     comm_->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_sec * 1000)));
     device_ = nn::make_cuda_device(*ctx_);
     monitor_ = std::make_unique<cuda::GpuMonitor>(info_);
@@ -110,6 +107,9 @@ class CudaBackend final : public Backend {
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&s.free, cudaEventDisableTiming));
     }
+    // Last: a constructor that throws destroys comm_, which the hook must
+    // not outlive.
+    if (watchdog) watchdog->on_abort([c = comm_.get()] { c->abort_now(); });
   }
 
   ~CudaBackend() override {
@@ -137,7 +137,11 @@ class CudaBackend final : public Backend {
       }
     }
     if (!idle) {
+      // The context's destructor would wait for the compute stream without
+      // a bound, and the device and kernels work on it.
       static_cast<void>(kernels_.release());
+      static_cast<void>(device_.release());
+      static_cast<void>(ctx_.release());
       return;
     }
     for (PinnedSlot& s : slots_) {

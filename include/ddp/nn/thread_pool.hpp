@@ -42,6 +42,7 @@ class ThreadPool {
 
  private:
   void worker(int t);
+  void shut_down();  // stops and joins the workers
   // Runs job(t) on the caller (t = 0) and on each worker that joins before the
   // caller is done with it (Note [late workers]).
   void run(const std::function<void(int)>& job);

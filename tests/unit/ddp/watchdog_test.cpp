@@ -12,6 +12,7 @@
 
 #include "../../../src/comm/watched.hpp"  // Tracker, Watched: private to src/comm
 #include "ddp/comm/watchdog.hpp"
+#include "ddp/core/error.hpp"
 
 namespace ddp::comm {
 namespace {
@@ -131,6 +132,23 @@ TEST(Tracker, NumbersOutermostCallsOfItsOwnThreadOnly) {
   s = t.snapshot();
   EXPECT_EQ(s.pending_seq, 0u);
   EXPECT_EQ(s.entered_seq, 2u);
+}
+
+// A collective whose communicator has failed (NCCL's done() throws then):
+// the watchdog's thread polls it and keeps it pending, where an exception
+// out of that thread would end the process without the error line.
+TEST(Tracker, ASnapshotKeepsWorkWhoseDoneThrowsPending) {
+  struct FailedWork : Work {
+    void wait() override { throw Error("all-reduce: the communicator has failed"); }
+    bool done() override { throw Error("all-reduce: the communicator has failed"); }
+  };
+  Tracker t;
+  ASSERT_EQ(t.enter("bucket 0", 20), 1u);
+  t.attach(1, std::make_shared<FailedWork>());
+  TrackerSnapshot s;
+  EXPECT_NO_THROW(s = t.snapshot());
+  EXPECT_EQ(s.pending_seq, 1u);
+  EXPECT_EQ(s.pending, "bucket 0");
 }
 
 class FlagWork : public Work {
