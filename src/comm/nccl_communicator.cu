@@ -143,9 +143,10 @@ struct NcclState {
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclState> state, std::shared_ptr<EventPool> pool, cudaStream_t compute,
+  NcclWork(std::shared_ptr<NcclState> state, std::shared_ptr<EventPool> pool, cudaStream_t compute, int device,
            std::string desc)
-      : state_(std::move(state)), pool_(std::move(pool)), compute_(compute), desc_(std::move(desc)) {
+      : state_(std::move(state)), pool_(std::move(pool)), compute_(compute), device_(device),
+        desc_(std::move(desc)) {
     ready_ = pool_->get();
     done_ = pool_->get();
   }
@@ -166,6 +167,9 @@ class NcclWork final : public Work {
 
   bool done() override {
     state_->check_usable(desc_);
+    // The watchdog's thread asks too: on its first CUDA call a thread with
+    // no device set would make itself a context on GPU 0.
+    DDP_CUDA_CHECK(cudaSetDevice(device_));
     const cudaError_t e = cudaEventQuery(done_);
     if (e == cudaErrorNotReady) return false;
     DDP_CUDA_CHECK(e);
@@ -176,6 +180,7 @@ class NcclWork final : public Work {
   std::shared_ptr<NcclState> state_;
   std::shared_ptr<EventPool> pool_;
   cudaStream_t compute_;
+  int device_;
   std::string desc_;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
 };
@@ -338,7 +343,7 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
   // A collective's Work, the comm stream ordered after what compute has been
   // given so far (Note [device all-reduce order]).
   std::shared_ptr<NcclWork> ordered_work(const std::string& desc) {
-    auto w = std::make_shared<NcclWork>(state_, pool_, ctx_.compute(), desc);
+    auto w = std::make_shared<NcclWork>(state_, pool_, ctx_.compute(), ctx_.device(), desc);
     DDP_CUDA_CHECK(cudaEventRecord(w->ready(), ctx_.compute()));
     DDP_CUDA_CHECK(cudaStreamWaitEvent(ctx_.comm(), w->ready(), 0));
     return w;

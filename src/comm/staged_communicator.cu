@@ -113,8 +113,8 @@ struct Shared {
 
 class StagedWork final : public Work {
  public:
-  StagedWork(std::shared_ptr<Shared> shared, std::shared_ptr<Job> job, cudaStream_t compute)
-      : shared_(std::move(shared)), job_(std::move(job)), compute_(compute) {}
+  StagedWork(std::shared_ptr<Shared> shared, std::shared_ptr<Job> job, cudaStream_t compute, int device)
+      : shared_(std::move(shared)), job_(std::move(job)), compute_(compute), device_(device) {}
 
   void wait() override {
     const milliseconds limit = bounded(2 * bounded(job_->timeout) + kWaitMargin);
@@ -135,6 +135,9 @@ class StagedWork final : public Work {
       if (!job_->finished) return false;
       if (job_->error) return true;  // wait() reports it
     }
+    // The watchdog's thread asks too: on its first CUDA call a thread with
+    // no device set would make itself a context on GPU 0.
+    DDP_CUDA_CHECK(cudaSetDevice(device_));
     const cudaError_t e = cudaEventQuery(job_->done);
     if (e == cudaErrorNotReady) return false;
     DDP_CUDA_CHECK(e);
@@ -145,6 +148,7 @@ class StagedWork final : public Work {
   std::shared_ptr<Shared> shared_;
   std::shared_ptr<Job> job_;
   cudaStream_t compute_;
+  int device_;
 };
 
 class StagedMpiCommunicator final : public cuda_util::HostCollectives {
@@ -224,7 +228,7 @@ class StagedMpiCommunicator final : public cuda_util::HostCollectives {
       shared_->queue.push_back(job);
     }
     shared_->cv.notify_all();
-    return std::make_shared<StagedWork>(shared_, job, ctx_.compute());
+    return std::make_shared<StagedWork>(shared_, job, ctx_.compute(), ctx_.device());
   }
 
   // --deterministic's integer sums: through host memory on the caller's
