@@ -16,6 +16,7 @@
 #include <nccl.h>  // ncclAllReduce, ncclCommInitRankConfig, ncclCommGetAsyncError
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -86,30 +87,36 @@ ncclResult_t async_state(ncclComm_t comm) {
 }
 
 // What the communicator and its Works share: the NCCL handle while it is
-// usable, and why it is not once it was aborted or destroyed.
+// usable, and why it is not once it was aborted or destroyed. The watchdog's
+// thread reads both (Work::done) while the caller's may fail the handle.
 struct NcclState {
-  ncclComm_t comm = nullptr;
-  std::string broken;
+  std::atomic<ncclComm_t> comm{nullptr};
 
   // Aborts the communicator (Note [non-blocking nccl]) and throws `why`.
   [[noreturn]] void fail(std::string why) {
-    if (comm) {
-      ncclComm_t c = comm;
-      comm = nullptr;
+    if (ncclComm_t c = comm.exchange(nullptr)) {
       try {
         DDP_NCCL_CHECK(ncclCommAbort(c));
       } catch (const std::exception& e) {
         why += detail::concat("; then ncclCommAbort failed too: ", e.what());
       }
     }
-    if (broken.empty()) broken = why;
+    set_broken(why);
     throw Error(why);
   }
 
   void check_usable(const std::string& desc) const {
-    if (!comm)
-      DDP_FAIL(desc, ": the nccl communicator is unusable: ",
-               broken.empty() ? std::string("it was destroyed") : broken);
+    if (!comm) DDP_FAIL(desc, ": the nccl communicator is unusable: ", why_broken());
+  }
+
+  // The first reason given is kept.
+  void set_broken(const std::string& why) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (broken_.empty()) broken_ = why;
+  }
+  std::string why_broken() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return broken_.empty() ? "it was destroyed" : broken_;
   }
 
   // ncclSuccess or ncclInProgress; throws (after aborting) when NCCL
@@ -139,6 +146,10 @@ struct NcclState {
       std::this_thread::sleep_for(kPollSleep);
     }
   }
+
+ private:
+  mutable std::mutex mu_;
+  std::string broken_;  // why comm is null; guarded by mu_
 };
 
 class NcclWork final : public Work {
@@ -243,9 +254,8 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
   }
 
   ~NcclCommunicator() override {
-    ncclComm_t c = state_->comm;
-    state_->comm = nullptr;
-    if (state_->broken.empty()) state_->broken = "the nccl communicator was destroyed";
+    const ncclComm_t c = state_->comm.exchange(nullptr);
+    state_->set_broken("the nccl communicator was destroyed");
     if (!c) return;  // aborted already
     bool clean = false;
     quietly([&] {
