@@ -241,8 +241,8 @@ class StagedMpiCommunicator final : public cuda_util::HostCollectives {
     DDP_CHECK(data != nullptr || count == 0, desc, ": null buffer");
     if (size_ == 1 || count == 0) return std::make_shared<DoneWork>();
     std::vector<int64_t> h(count);
+    synchronize(ctx_.compute(), desc + ": the sums");  // Note [bounded copies to the host]
     DDP_CUDA_CHECK(cudaMemcpyAsync(h.data(), data, count * sizeof(int64_t), cudaMemcpyDeviceToHost, ctx_.compute()));
-    synchronize(ctx_.compute(), desc + ": the copy to host");
     host().allreduce_int64(h.data(), count, what);
     // From pageable memory: returns once h is staged, so h may go.
     DDP_CUDA_CHECK(cudaMemcpyAsync(data, h.data(), count * sizeof(int64_t), cudaMemcpyHostToDevice, ctx_.compute()));

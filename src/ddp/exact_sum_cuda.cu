@@ -118,9 +118,9 @@ class CudaExactGradientSum final : public ExactGradientSum {
 
   void local_maxima(double* out) override {
     if (numels_.empty()) return;
+    sync_("--deterministic: reading the largest gradient per parameter");  // Note [bounded copies to the host]
     DDP_CUDA_CHECK(cudaMemcpyAsync(host_bits_.data(), max_bits_, numels_.size() * sizeof(unsigned),
                                    cudaMemcpyDeviceToHost, ctx_.compute()));
-    sync_("--deterministic: reading the largest gradient per parameter");
     for (size_t p = 0; p < numels_.size(); ++p)
       out[p] = host_bits_[p] >= 0x7f800000u ? std::numeric_limits<double>::infinity()
                                             : double(bits_float(host_bits_[p]));

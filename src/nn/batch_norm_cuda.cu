@@ -176,9 +176,11 @@ void CudaBatchNorm::reduce_shards(int shards, size_t width, const std::string& w
   const size_t n = size_t(shards) * width;
   if (host_.size() < n) host_.resize(n);
   host_out_.resize(width);
+  // Note [bounded copies to the host]: the bounded wait first; the copy into
+  // pageable memory then returns done.
+  stats_->sync_device(op_.name + ": " + what);
   DDP_CUDA_CHECK(
       cudaMemcpyAsync(host_.data(), per_shard_, sizeof(double) * n, cudaMemcpyDeviceToHost, ctx_.compute()));
-  stats_->sync_device(op_.name + ": " + what);
   stats_->sum_shards(host_.data(), shards, width, host_out_.data(), op_.name + ": " + what);
   DDP_CUDA_CHECK(
       cudaMemcpyAsync(sums_, host_out_.data(), sizeof(double) * width, cudaMemcpyHostToDevice, ctx_.compute()));
@@ -186,8 +188,8 @@ void CudaBatchNorm::reduce_shards(int shards, size_t width, const std::string& w
 
 void CudaBatchNorm::reduce(size_t n, const std::string& what) {
   if (!stats_) return;
+  stats_->sync_device(op_.name + ": " + what);  // Note [bounded copies to the host]
   DDP_CUDA_CHECK(cudaMemcpyAsync(host_.data(), sums_, sizeof(double) * n, cudaMemcpyDeviceToHost, ctx_.compute()));
-  stats_->sync_device(op_.name + ": " + what);
   stats_->sum(host_.data(), n, op_.name + ": " + what);
   DDP_CUDA_CHECK(cudaMemcpyAsync(sums_, host_.data(), sizeof(double) * n, cudaMemcpyHostToDevice, ctx_.compute()));
 }

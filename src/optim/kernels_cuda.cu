@@ -51,8 +51,10 @@ __global__ void sq_final_kernel(const double* __restrict__ partial, int parts, d
 class CudaKernels final : public Kernels {
  public:
   explicit CudaKernels(cudaStream_t stream) : stream_(stream) {
-    DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partial_), kNormBlocks * sizeof(double)));
-    DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&out_), 2 * sizeof(double)));
+    // Stream-ordered, as the destructor's cudaFreeAsync needs; every use is
+    // on this stream.
+    DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial_), kNormBlocks * sizeof(double), stream_));
+    DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&out_), 2 * sizeof(double), stream_));
     DDP_CUDA_CHECK(cudaMemsetAsync(out_, 0, 2 * sizeof(double), stream_));
   }
   ~CudaKernels() override {

@@ -187,8 +187,9 @@ TEST_F(GpuTraining, StartupTableNamesTheGpu) {
     EXPECT_NE(line.find(part), std::string::npos) << part << " in: " << line;
 }
 
-// Every epoch's record has each rank's GPU memory high-water mark and
-// utilisation (NVML), and the epoch line says them.
+// Every epoch's record has each rank's GPU memory high-water mark and, where
+// NVML can say it (not in a container without libnvidia-ml, nor on a MIG
+// slice), its utilisation; the epoch line says them.
 TEST_F(GpuTraining, MetricsCarryGpuMemoryAndUtilisation) {
   const std::string dir = make_temp_dir();
   auto r = run_ddp_train(1, "--synthetic 2048 --epochs 2 --batch-size 128 --device cuda --metrics-out " + dir +
@@ -200,10 +201,14 @@ TEST_F(GpuTraining, MetricsCarryGpuMemoryAndUtilisation) {
     const double mem = m["gpu_mem_peak_mib"][0].get<double>();
     EXPECT_GT(mem, 1) << line;           // LeNet's parameters, gradients and activations
     EXPECT_LT(mem, 512 * 1024) << line;
-    ASSERT_EQ(m.at("gpu_util_pct").size(), 1u) << line;
-    const double util = m["gpu_util_pct"][0].get<double>();
-    EXPECT_GE(util, 0) << line;
-    EXPECT_LE(util, 100) << line;
+    if (m.contains("gpu_util_pct")) {
+      ASSERT_EQ(m["gpu_util_pct"].size(), 1u) << line;
+      const double util = m["gpu_util_pct"][0].get<double>();
+      EXPECT_GE(util, 0) << line;
+      EXPECT_LE(util, 100) << line;
+    } else {
+      std::printf("no gpu_util_pct: NVML gives no utilisation on this machine\n");
+    }
     EXPECT_EQ(m.at("peak_rss_mib").size(), 1u) << line;
   }
   EXPECT_NE(r.out.find("; GPU memory MiB "), std::string::npos) << r.out;

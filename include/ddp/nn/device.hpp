@@ -82,9 +82,14 @@ class StatsReducer {
   // shard order (rank 0's first), in double: the same bits at any world size.
   virtual void sum_shards(const double* per_shard, int shards, size_t n, double* out, const std::string& what) = 0;
   virtual int ranks() const = 0;
-  // Waits until the device has done what was issued (a GPU op copying its
-  // sums to the host), bounded as the run's collectives are: the device may
-  // be waiting on a collective a dead peer never joins.
+  // Waits until the device has done what was issued (a GPU op about to copy
+  // its sums to the host), bounded as the run's collectives are: the device
+  // may be waiting on a collective a dead peer never joins.
+  //
+  // Note [bounded copies to the host]: a cudaMemcpyAsync into pageable host
+  // memory returns only once the copy is done, and the copy runs after all
+  // the stream holds: issued first, it would wait there without a bound. So
+  // the bounded wait goes first, and the copy then returns done.
   virtual void sync_device(const std::string& what) = 0;
 };
 
