@@ -9,9 +9,11 @@
 #       GPU tests run, and the data subset, into DIR.
 #   scripts/gpu-check.sh run [DIR] [OUT] there, in the repo root with DIR
 #       in it: the GPU tests (test_cuda; mpi_test_cuda at the world sizes
-#       CTest runs it; test_cli's GpuTraining.*) into OUT (default $OUT, else
-#       DIR/out): device.txt, tests.log, summary.txt (a line per test
-#       binary); the exit status is the tests'.
+#       CTest runs it; test_cli's GpuTraining.* but its two learning tests)
+#       into OUT (default $OUT, else DIR/out): device.txt, tests.log,
+#       summary.txt (a line per test binary); the exit status is the tests'.
+#   scripts/gpu-check.sh learn [DIR] [OUT] there: GpuTraining's learning
+#       tests (24 training runs), in a device call of their own.
 #   scripts/gpu-check.sh bench [DIR] [OUT] there: bench/compare_pytorch_gpu.sh
 #       for LeNet and ResNet-18 in fp32, bf16 and fp16 against the machine's
 #       PyTorch, into OUT/bench.txt.
@@ -21,7 +23,7 @@
 # DIR's copies where they do not exist there.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-mode=${1:?usage: gpu-check.sh prepare|run|bench [DIR] [OUT]}
+mode=${1:?usage: gpu-check.sh prepare|run|learn|bench [DIR] [OUT]}
 dir=$(realpath -m "${2:-$root/.devdeps}")
 
 case $mode in
@@ -41,7 +43,7 @@ prepare)
   } >"$dir/paths"
   echo "gpu-check: $(du -sh "$dir" | cut -f1) in $dir; there: scripts/gpu-check.sh run $(basename "$dir")"
   ;;
-run | bench)
+run | learn | bench)
   out=$(realpath -m "${3:-${OUT:-$dir/out}}")
   mkdir -p "$out"
   # shellcheck disable=SC1091
@@ -89,6 +91,11 @@ run | bench)
       | tee -a "$out/summary.txt"
     rm -f "$log"
   }
+  learning=GpuTraining.Bf16AndFp16LearnAsFp32:GpuTraining.GradCompressionHalvesTheBytesAndLearnsAsFp32
+  if [[ $mode == learn ]]; then
+    check GpuTraining-learning "$dir/bin/test_cli" --gtest_filter="$learning"
+    exit $status
+  fi
   check test_cuda "$dir/bin/test_cuda"
   # The world sizes tests/CMakeLists.txt runs each GPU MPI suite at.
   for run in GpuNccl:1 GpuNccl:2 GpuStagedMpi:2 GpuStagedMpi:4 GpuDeterministic:1 GpuDeterministic:2 \
@@ -96,11 +103,11 @@ run | bench)
     check "mpi_${run%:*}_np${run#*:}" mpirun -np "${run#*:}" --oversubscribe "$dir/bin/mpi_test_cuda" \
       --gtest_filter="${run%:*}.*"
   done
-  check GpuTraining "$dir/bin/test_cli" --gtest_filter='GpuTraining.*'
+  check GpuTraining "$dir/bin/test_cli" --gtest_filter="GpuTraining.*:-$learning"
   exit $status
   ;;
 *)
-  echo "gpu-check.sh: prepare, run or bench, not '$mode'" >&2
+  echo "gpu-check.sh: prepare, run, learn or bench, not '$mode'" >&2
   exit 2
   ;;
 esac
