@@ -46,6 +46,7 @@
 #include <thread>
 
 #include "ddp/comm/communicator.hpp"
+#include "ddp/core/abandon.hpp"  // abandon: buffers an in-flight collective may write
 #include "ddp/core/error.hpp"
 #include "ddp/core/half.hpp"      // float_to_fp16, float_to_bf16 and back: 16-bit all-reduces
 #include "ddp/runtime/mpi_check.hpp"
@@ -198,12 +199,12 @@ class MpiCommunicator final : public Communicator {
       MPI_Op_free(&sum_fp16_);
       MPI_Op_free(&sum_bf16_);
     } else {
-      new std::vector<uint16_t>(std::move(stage16_));  // the same heap buffer, never freed
+      abandon(std::move(stage16_));  // the same heap buffer, never freed
     }
     if (orphans_.empty())
       MPI_Comm_free(&sync_comm_);
     else
-      new std::vector<Orphan>(std::move(orphans_));
+      abandon(std::move(orphans_));
   }
 
   const char* backend() const override { return "mpi"; }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "ddp/core/abandon.hpp"  // abandon: buffers an in-flight collective may write
 #include "ddp/core/error.hpp"
 #include "ddp/ddp/fixed_point.hpp"  // to_fixed, from_fixed: the GPU's arithmetic too
 #include "ddp/nn/device.hpp"        // sum_in_shard_order
@@ -156,7 +157,7 @@ HostExactGradientSum::~HostExactGradientSum() {
   // MPI moves them (Note [abandoned requests], mpi_communicator.cpp), so its
   // memory outlives this object, on purpose, for the little that is left of
   // the job.
-  if (in_flight()) new std::vector<int64_t>(std::move(acc_));
+  if (in_flight()) abandon(std::move(acc_));
 }
 
 void HostExactGradientSum::clear_sums() {

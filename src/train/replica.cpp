@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "ddp/core/abandon.hpp"  // abandon: buffers an in-flight collective may write
 #include "ddp/core/error.hpp"
 
 namespace ddp::train {
@@ -73,7 +74,7 @@ Replica::~Replica() {
   // communicator (destroyed after the model) stops it, and by MPI after that
   // (Note [abandoned requests], comm/mpi_communicator.cpp). The model's
   // memory stays for the little that is left of the job.
-  if (std::uncaught_exceptions() > 0) static_cast<void>(model_.release());
+  if (std::uncaught_exceptions() > 0) abandon(std::move(model_));
 }
 
 void Replica::push(const TrainState& s) {
