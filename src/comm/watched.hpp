@@ -80,14 +80,7 @@ class Tracker {
   TrackerSnapshot snapshot() noexcept {
     std::lock_guard<std::mutex> lk(mu_);
     const auto now = Clock::now();
-    const auto done = [](Work& w) noexcept {
-      try {
-        return w.done();
-      } catch (...) {
-        return false;
-      }
-    };
-    while (!pending_.empty() && pending_.front().work && done(*pending_.front().work)) {
+    while (!pending_.empty() && pending_.front().work && done_nothrow(*pending_.front().work)) {
       pending_.pop_front();
       last_event_ = now;
     }

@@ -134,16 +134,11 @@ void ExactGradientSum::drop_reduces() {
 }
 
 bool ExactGradientSum::in_flight() const noexcept {
-  try {
-    for (const auto& w : inflight_)
-      if (!w->done()) return true;
-    return false;
-  } catch (...) {
-    // done() throws once the communicator has failed (a wait in
-    // drop_reduces threw and left the sums listed): whether the
-    // collective still writes our memory is unknown, so it is in flight.
-    return true;
-  }
+  // A sum whose communicator failed (a wait in drop_reduces threw and left
+  // it listed) counts as in flight.
+  for (const auto& w : inflight_)
+    if (!comm::done_nothrow(*w)) return true;
+  return false;
 }
 
 HostExactGradientSum::HostExactGradientSum(std::vector<size_t> param_numels, int shards)

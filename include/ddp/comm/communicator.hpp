@@ -38,6 +38,17 @@ class Work {
   virtual std::chrono::steady_clock::time_point finished_at() const { return {}; }
 };
 
+// w.done() for callers that must not throw (destructors, the watchdog's
+// thread): a done() that throws, its communicator failed (NCCL's), counts as
+// not done, since whether the operation still writes its buffer is unknown.
+inline bool done_nothrow(Work& w) noexcept {
+  try {
+    return w.done();
+  } catch (...) {
+    return false;
+  }
+}
+
 // An operation complete when issued: what an all-reduce of nothing, over one
 // rank, or finished before it returns gives back.
 class DoneWork final : public Work {
