@@ -49,21 +49,24 @@ template <typename T>
 void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
                      ConvScratch<T>& s, ThreadPool* pool = nullptr);
 
-// 3x3 convolutions with stride 1 and padding 1 by Winograd's F(2x2, 3x3)
-// (Note [winograd] in winograd_cpu.cpp): conv2d_forward and conv2d_backward
-// take this path for the layers where winograd_applies (the geometry fits
-// and the batch has enough tiles to repay the weights' transforms), im2col's
-// otherwise.
+// 3x3 convolutions with stride 1 and padding 1 by Winograd's F(2x2, 3x3) or
+// F(4x4, 3x3) (Note [winograd] in winograd_cpu.cpp): conv2d_forward and
+// conv2d_backward take this path for the layers where winograd_applies (the
+// geometry fits and the batch has enough tiles to repay the weights'
+// transforms), with winograd_tile's tile size; im2col's otherwise. tile: 2 or
+// 4 outputs a side, 0 for winograd_tile's.
 bool winograd_fits(const ConvGeom& g);
 bool winograd_applies(const ConvGeom& g);
 template <typename T>
 void winograd_conv3x3_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, ConvScratch<T>& s,
-                              ThreadPool* pool = nullptr);
+                              ThreadPool* pool = nullptr, int tile = 0);
 // As conv2d_backward: adds into dw and db (nullptr: none), overwrites dx
 // (nullptr: not wanted).
 template <typename T>
 void winograd_conv3x3_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
-                               ConvScratch<T>& s, ThreadPool* pool = nullptr);
+                               ConvScratch<T>& s, ThreadPool* pool = nullptr, int tile = 0);
+// The tile size conv2d takes for g: 4 from enough tiles, 2 below.
+int winograd_tile(const ConvGeom& g);
 
 // conv2d -> ReLU -> 2x2 average pooling (stride 2, floor), fused: the conv
 // output never leaves cache; what backward needs of it is one bit per element

@@ -67,8 +67,10 @@ inline double max_rel_err(const std::vector<double>& a, const std::vector<double
 }
 
 // Max |a - b| relative to max |b|: the right scale for float-vs-double checks,
-// where entries near zero carry the absolute rounding of their larger peers.
-inline double scaled_err(const std::vector<float>& a, const std::vector<double>& b) {
+// and for any two roundings of one result, where entries near zero carry the
+// absolute rounding of their larger peers.
+template <typename A>
+double scaled_err(const std::vector<A>& a, const std::vector<double>& b) {
   double diff = 0, ref = 0;
   for (size_t i = 0; i < b.size(); ++i) {
     diff = std::max(diff, std::abs(double(a[i]) - b[i]));
