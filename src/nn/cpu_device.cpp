@@ -84,17 +84,43 @@ struct LaneScratch {
 class Conv final : public Kernel {
  public:
   Conv(const Op& op, ThreadPool* pool) : op_(op), lanes_(pool) {}
+  // Micro-shards that take Winograd's path share one transform of the
+  // kernels (turned for backward's input gradient), made here on the pool:
+  // the same values each shard would make itself. A call on a lane takes it
+  // where conv2d would take Winograd's path with the same tile size.
+  void begin_shards(const OpArgs& whole, int shard, bool backward) override {
+    const cpu::ConvGeom g = conv_geom(op_, shard);
+    shared_ = cpu::winograd_applies(g) ? (backward ? Shared::Backward : Shared::Forward) : Shared::None;
+    if (shared_ == Shared::None) return;
+    tile_ = cpu::winograd_tile(g);
+    cpu::winograd_transform_weights(g, whole.p[0], backward, tile_, kernels_, lanes_.pool);
+  }
   void forward(const OpArgs& a) override {
-    cpu::conv2d_forward(conv_geom(op_, a.batch), a.x[0], a.p[0], a.p[1], a.y, lanes_.of(a), lanes_.threads(a));
+    const cpu::ConvGeom g = conv_geom(op_, a.batch);
+    if (shares(a, g, Shared::Forward))
+      cpu::winograd_conv3x3_forward(g, a.x[0], a.p[0], a.p[1], a.y, lanes_.of(a), nullptr, tile_, kernels_.data());
+    else
+      cpu::conv2d_forward(g, a.x[0], a.p[0], a.p[1], a.y, lanes_.of(a), lanes_.threads(a));
   }
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
-    cpu::conv2d_backward(conv_geom(op_, a.batch), a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], lanes_.of(a),
-                         lanes_.threads(a));
+    const cpu::ConvGeom g = conv_geom(op_, a.batch);
+    if (shares(a, g, Shared::Backward))
+      cpu::winograd_conv3x3_backward(g, a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], lanes_.of(a), nullptr, tile_,
+                                     kernels_.data());
+    else
+      cpu::conv2d_backward(g, a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], lanes_.of(a), lanes_.threads(a));
   }
 
  private:
+  enum class Shared { None, Forward, Backward };
+  bool shares(const OpArgs& a, const cpu::ConvGeom& g, Shared phase) const {
+    return a.lane >= 0 && shared_ == phase && cpu::winograd_applies(g) && cpu::winograd_tile(g) == tile_;
+  }
   const Op& op_;
   LaneScratch lanes_;
+  Shared shared_ = Shared::None;  // what kernels_ holds, for the lanes after the last begin_shards
+  int tile_ = 0;
+  std::vector<float> kernels_;
 };
 
 // conv -> relu -> avgpool2 in one pass (conv_relu_pool_cpu.cpp); backward

@@ -219,6 +219,7 @@ const float* Model::forward(const float* x, int batch, Mode mode, int shard) {
       kernels_[i]->forward(a);
     } else {
       kernels_[i]->begin_lanes(batch);
+      kernels_[i]->begin_shards(a, shard, /*backward=*/false);
       device_.for_lanes(shards,
                         [&](int64_t k, int lane) { kernels_[i]->forward(shard_args(i, a, k, shard, lane)); });
     }
@@ -337,6 +338,7 @@ void Model::run_backward(const float* dlogits, int batch, const std::function<vo
     } else {
       // Note [lanes]: each lane's parameter gradients in its own buffer.
       const size_t base = ps.empty() ? 0 : graph_.params[ps.front()].offset;
+      kernels_[i]->begin_shards(args_[i], last_shard_, /*backward=*/true);
       device_.for_lanes(batch / last_shard_, [&](int64_t k, int lane) {
         OpArgs part = shard_args(i, args_[i], k, last_shard_, lane);
         float* g = lane_grads_[size_t(lane)]->data();

@@ -222,14 +222,14 @@ Tiles tiles_of(int m, int h, int w) { return {m, h, w, (h + m - 1) / m, (w + m -
 // so that the transform is a loop over c that reads and writes in order,
 // and vectorises.
 template <int M, bool Flip, typename T>
-void transform_weights(int out_c, int in_c, const T* w, T* u) {
+void transform_weights(int out_c, int in_c, const T* w, T* u, int k0 = 0, int k1 = -1) {
   using W = Wino<M>;
   constexpr int N = W::N;
   const int K = Flip ? in_c : out_c, C = Flip ? out_c : in_c;
   const int64_t plane = int64_t(K) * C;
   std::vector<T> rows(size_t(9) * C);
   T* g9 = rows.data();
-  for (int k = 0; k < K; ++k) {
+  for (int k = k0; k < (k1 < 0 ? K : k1); ++k) {
     for (int c = 0; c < C; ++c) {
       const T* src = w + (Flip ? int64_t(c) * in_c + k : int64_t(k) * in_c + c) * 9;
       for (int rs = 0; rs < 9; ++rs) g9[rs * C + c] = src[Flip ? 8 - rs : rs];
@@ -485,26 +485,42 @@ void winograd_weight_grad(int batch, int C, int K, const Tiles& t, const T* x, c
     for (int k = 0; k < K; ++k) db[k] += s.grad[0][size_t(N2) * K * C + k];
 }
 
-template <int M, typename T>
-void forward_tiles(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, ConvScratch<T>& s, ThreadPool* pool) {
+// u = w's kernels transformed (Flip: turned, for the input gradient), the
+// rows of U split over the pool's threads.
+template <int M, bool Flip, typename T>
+void transform_all_weights(const ConvGeom& g, const T* w, std::vector<T>& u, ThreadPool* pool) {
   constexpr int N2 = (M + 2) * (M + 2);
-  s.winograd_weights.resize(size_t(N2) * g.out_c * g.in_c);
-  transform_weights<M, /*Flip=*/false>(g.out_c, g.in_c, w, s.winograd_weights.data());
-  winograd_run<M>(g.batch, g.in_c, g.out_c, tiles_of(M, g.in_h, g.in_w), x, s.winograd_weights.data(), b, y, s,
-                  pool);
+  u.resize(size_t(N2) * g.out_c * g.in_c);
+  const int K = Flip ? g.in_c : g.out_c, parts = std::min(conv_threads(pool), K);
+  if (parts <= 1) return transform_weights<M, Flip>(g.out_c, g.in_c, w, u.data());
+  pool->parallel_for(parts, [&](int64_t part, int) {
+    transform_weights<M, Flip>(g.out_c, g.in_c, w, u.data(), int(part * K / parts), int((part + 1) * K / parts));
+  });
 }
 
+// pre: w already transformed (winograd_transform_weights), or nullptr.
+template <int M, typename T>
+void forward_tiles(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, ConvScratch<T>& s, ThreadPool* pool,
+                   const T* pre) {
+  if (!pre) {
+    transform_all_weights<M, /*Flip=*/false>(g, w, s.winograd_weights, pool);
+    pre = s.winograd_weights.data();
+  }
+  winograd_run<M>(g.batch, g.in_c, g.out_c, tiles_of(M, g.in_h, g.in_w), x, pre, b, y, s, pool);
+}
+
+// pre: w already transformed and turned (winograd_transform_weights), or nullptr.
 template <int M, typename T>
 void backward_tiles(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx, ConvScratch<T>& s,
-                    ThreadPool* pool) {
-  constexpr int N2 = (M + 2) * (M + 2);
+                    ThreadPool* pool, const T* pre) {
   const Tiles t = tiles_of(M, g.in_h, g.in_w);
   winograd_weight_grad<M>(g.batch, g.in_c, g.out_c, t, x, dy, dw, db, s, pool);
   if (!dx) return;
-  s.winograd_weights.resize(size_t(N2) * g.out_c * g.in_c);
-  transform_weights<M, /*Flip=*/true>(g.out_c, g.in_c, w, s.winograd_weights.data());
-  winograd_run<M>(g.batch, g.out_c, g.in_c, t, dy, s.winograd_weights.data(), static_cast<const T*>(nullptr), dx, s,
-                  pool);
+  if (!pre) {
+    transform_all_weights<M, /*Flip=*/true>(g, w, s.winograd_weights, pool);
+    pre = s.winograd_weights.data();
+  }
+  winograd_run<M>(g.batch, g.out_c, g.in_c, t, dy, pre, static_cast<const T*>(nullptr), dx, s, pool);
 }
 
 }  // namespace
@@ -522,33 +538,50 @@ int winograd_tile(const ConvGeom& g) {
   return int64_t(g.batch) * tiles_of(2, g.in_h, g.in_w).per_image() >= kWinogradTile4Columns ? 4 : 2;
 }
 
-template <typename T>
-void winograd_conv3x3_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, ConvScratch<T>& s,
-                              ThreadPool* pool, int tile) {
+namespace {
+
+int checked_tile(const ConvGeom& g, int tile) {
   check_conv_geom(g);
   if (tile == 0) tile = winograd_tile(g);
   DDP_CHECK(tile == 2 || tile == 4, "winograd: tiles of ", tile, " outputs a side (2 or 4)");
+  return tile;
+}
+
+}  // namespace
+
+template <typename T>
+void winograd_conv3x3_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, ConvScratch<T>& s,
+                              ThreadPool* pool, int tile, const T* u) {
+  tile = checked_tile(g, tile);
   if (g.batch == 0) return;
-  if (tile == 2) return forward_tiles<2>(g, x, w, b, y, s, pool);
-  forward_tiles<4>(g, x, w, b, y, s, pool);
+  if (tile == 2) return forward_tiles<2>(g, x, w, b, y, s, pool, u);
+  forward_tiles<4>(g, x, w, b, y, s, pool, u);
 }
 
 template <typename T>
 void winograd_conv3x3_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
-                               ConvScratch<T>& s, ThreadPool* pool, int tile) {
-  check_conv_geom(g);
-  if (tile == 0) tile = winograd_tile(g);
-  DDP_CHECK(tile == 2 || tile == 4, "winograd: tiles of ", tile, " outputs a side (2 or 4)");
+                               ConvScratch<T>& s, ThreadPool* pool, int tile, const T* u) {
+  tile = checked_tile(g, tile);
   if (g.batch == 0) return;
-  if (tile == 2) return backward_tiles<2>(g, x, w, dy, dw, db, dx, s, pool);
-  backward_tiles<4>(g, x, w, dy, dw, db, dx, s, pool);
+  if (tile == 2) return backward_tiles<2>(g, x, w, dy, dw, db, dx, s, pool, u);
+  backward_tiles<4>(g, x, w, dy, dw, db, dx, s, pool, u);
+}
+
+template <typename T>
+void winograd_transform_weights(const ConvGeom& g, const T* w, bool turned, int tile, std::vector<T>& u,
+                                ThreadPool* pool) {
+  tile = checked_tile(g, tile);
+  if (tile == 2)
+    return turned ? transform_all_weights<2, true>(g, w, u, pool) : transform_all_weights<2, false>(g, w, u, pool);
+  turned ? transform_all_weights<4, true>(g, w, u, pool) : transform_all_weights<4, false>(g, w, u, pool);
 }
 
 #define DDP_WINOGRAD(T)                                                                                           \
   template void winograd_conv3x3_forward<T>(const ConvGeom&, const T*, const T*, const T*, T*, ConvScratch<T>&,  \
-                                            ThreadPool*, int);                                                    \
+                                            ThreadPool*, int, const T*);                                          \
   template void winograd_conv3x3_backward<T>(const ConvGeom&, const T*, const T*, const T*, T*, T*, T*,         \
-                                             ConvScratch<T>&, ThreadPool*, int);
+                                             ConvScratch<T>&, ThreadPool*, int, const T*);                        \
+  template void winograd_transform_weights<T>(const ConvGeom&, const T*, bool, int, std::vector<T>&, ThreadPool*);
 DDP_WINOGRAD(float)
 DDP_WINOGRAD(double)
 #undef DDP_WINOGRAD

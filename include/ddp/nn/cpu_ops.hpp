@@ -59,12 +59,19 @@ bool winograd_fits(const ConvGeom& g);
 bool winograd_applies(const ConvGeom& g);
 template <typename T>
 void winograd_conv3x3_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, ConvScratch<T>& s,
-                              ThreadPool* pool = nullptr, int tile = 0);
+                              ThreadPool* pool = nullptr, int tile = 0, const T* u = nullptr);
 // As conv2d_backward: adds into dw and db (nullptr: none), overwrites dx
 // (nullptr: not wanted).
 template <typename T>
 void winograd_conv3x3_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
-                               ConvScratch<T>& s, ThreadPool* pool = nullptr, int tile = 0);
+                               ConvScratch<T>& s, ThreadPool* pool = nullptr, int tile = 0, const T* u = nullptr);
+// w's kernels as the two calls above transform them for `tile` (turned, for
+// backward's input gradient, with `turned`), into u: callers that run one
+// layer's weights over many small batches (micro-shards) pass u to each
+// call in place of transforming again.
+template <typename T>
+void winograd_transform_weights(const ConvGeom& g, const T* w, bool turned, int tile, std::vector<T>& u,
+                                ThreadPool* pool = nullptr);
 // The tile size conv2d takes for g: 4 from enough tiles, 2 below.
 int winograd_tile(const ConvGeom& g);
 

@@ -126,6 +126,15 @@ class Kernel {
   // batch of `batch` samples (so that what the kernel keeps per sample is
   // sized before they run at once).
   virtual void begin_lanes(int batch) { (void)batch; }
+  // Note [lanes]: before lanes run the micro-shards (of `shard` samples) of
+  // a training batch, forward or backward, with the whole batch's
+  // arguments, so that what every micro-shard shares (a CPU convolution's
+  // transformed kernels) is made once, not once per micro-shard.
+  virtual void begin_shards(const OpArgs& whole, int shard, bool backward) {
+    (void)whole;
+    (void)shard;
+    (void)backward;
+  }
   // Note [mixed precision] (precision.hpp): a convolution's or linear
   // layer's kernel that computes in p itself, making every rounding autocast
   // makes (the GPU's: Note [half kernels]), returns true, and Model then

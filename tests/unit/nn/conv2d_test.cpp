@@ -224,6 +224,35 @@ TEST(Conv2d, WinogradFloatRoundingPerTileSize) {
   }
 }
 
+// Kernels transformed once (winograd_transform_weights, as the CPU device
+// does for --deterministic's micro-shards) give each call exactly what it
+// gets transforming them itself, with either tile size, split over threads
+// or not.
+TEST(Conv2d, WinogradWithKernelsTransformedOnceIsBitwiseTheSame) {
+  const ConvGeom g = conv_geom(3, 24, 7, 6, 20, 3, 1, 1);
+  const auto x = test::to_float(random_vec(x_size(g), 50)), w = test::to_float(random_vec(w_size(g), 51)),
+             b = test::to_float(random_vec(size_t(g.out_c), 52)), dy = test::to_float(random_vec(y_size(g), 53));
+  ThreadPool pool(3);
+  for (const int tile : {2, 4}) {
+    cpu::ConvScratch<float> ws;
+    std::vector<float> y(y_size(g)), dx(x.size()), dw(w.size(), 0.f), db(b.size(), 0.f);
+    cpu::winograd_conv3x3_forward(g, x.data(), w.data(), b.data(), y.data(), ws, nullptr, tile);
+    cpu::winograd_conv3x3_backward(g, x.data(), w.data(), dy.data(), dw.data(), db.data(), dx.data(), ws, nullptr,
+                                   tile);
+    std::vector<float> u, ut;
+    cpu::winograd_transform_weights(g, w.data(), /*turned=*/false, tile, u, &pool);
+    cpu::winograd_transform_weights(g, w.data(), /*turned=*/true, tile, ut);
+    std::vector<float> y2(y.size()), dx2(x.size()), dw2(w.size(), 0.f), db2(b.size(), 0.f);
+    cpu::winograd_conv3x3_forward(g, x.data(), w.data(), b.data(), y2.data(), ws, nullptr, tile, u.data());
+    cpu::winograd_conv3x3_backward(g, x.data(), w.data(), dy.data(), dw2.data(), db2.data(), dx2.data(), ws, nullptr,
+                                   tile, ut.data());
+    EXPECT_EQ(y, y2) << "tiles of " << tile;
+    EXPECT_EQ(dx, dx2) << "tiles of " << tile;
+    EXPECT_EQ(dw, dw2) << "tiles of " << tile;
+    EXPECT_EQ(db, db2) << "tiles of " << tile;
+  }
+}
+
 // A batch big enough for several im2col chunks must equal image-by-image.
 TEST(Conv2d, ChunkedBatchAndThreadsEqualSingleImages) {
   // conv2's form, 81 pixels an image: chunks of 13 images (kConvMinColumns),
