@@ -50,10 +50,11 @@ class Resnet : public ::testing::Test {
 // ResNet-18 amplifies rounding fast (other OpenBLAS kernels alone move its
 // parameters by 1e-5 of their scale in a step, 5e-4 in two), so one step is
 // the horizon where rounding stays far below the semantics' 1e-2. The
-// per-rank batch also picks a 3x3 layer's algorithm (winograd_applies: 32
-// images of the 7x7 layers take Winograd, 8 take im2col), which rounds
-// differently: 1.9e-4 of the parameters' scale with OpenBLAS's Haswell
-// kernels. 1e-3 keeps a tenfold margin on both sides.
+// per-rank batch also picks a 3x3 layer's algorithm (winograd_applies and
+// winograd_tile: 32 images of the 4x4 layers take F(4x4), 8 take im2col),
+// which rounds differently: 1.9e-4 of the parameters' scale with OpenBLAS's
+// Haswell kernels when 8 images of the 7x7 layers took im2col too. 1e-3
+// keeps a margin on both sides.
 TEST_F(Resnet, SyncBatchNormAtFourRanksTakesTheOneRankStep) {
   const std::string step = " --train-limit 32 --batch-size 32 --epochs 1 --lr 0.1 --seed 1";
   const auto one = train(1, step + " --sync-bn", "np1_sync");
