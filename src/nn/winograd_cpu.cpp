@@ -61,9 +61,9 @@ constexpr int64_t kWinogradMinColumns4 = 128;
 // weights' transforms (forward; and backward's turned kernels and weight
 // gradient) and the packing of N^2 weight matrices per chunk where im2col
 // packs one of 9/N^2 the size. Only the columns repay them, F(4x4)'s 36
-// matrices later than F(2x2)'s 16. A layer's forward + backward against
-// im2col's, 1 thread, AVX-512 EPYC (each path's conv forward and backward
-// timed alone), time against im2col's, im2col / F(2x2) / F(4x4):
+// matrices later than F(2x2)'s 16. A layer's forward + backward timed
+// alone on each path, 1 thread, AVX-512 EPYC, as a fraction of im2col's
+// time, im2col / F(2x2) / F(4x4):
 //   512 channels on 4x4:  32 blocks 1 / 1.09 / 1.66;  64: 1 / 0.83 / 0.96;
 //                         128: 1 / 0.73 / 0.71;  256: 1 / 0.60 / 0.51
 //   256 channels on 7x7:  64 blocks 1 / 1.03 / 1.27;  128: 1 / 0.93 / 0.87;
@@ -78,8 +78,8 @@ constexpr int64_t kWinogradTile4Columns = 96;
 // input (N -> N), A^T for the output (N -> M), G for the kernel (3 -> N),
 // and the adjoints backward takes, A (M -> N) and G^T (N -> 3). F(2x2, 3x3)
 // uses the points 0, 1, -1 and infinity, F(4x4, 3x3) also 2 and -2 (Lavin
-// and Gray's matrices); each is checked in exact arithmetic by the tests'
-// comparison with a direct sum in double.
+// and Gray's matrices); the tests check each against a direct sum in
+// double.
 template <int M>
 struct Wino;
 
