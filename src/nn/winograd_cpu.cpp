@@ -195,7 +195,8 @@ template <int R, int C, int R2, int C2, typename T, typename F, typename G>
 // plane in, one of each out. Inlined always: only in its caller's loop over
 // positions does it vectorise.
 template <int R, int C, int R2, int C2, typename T, typename F>
-[[gnu::always_inline]] inline void transform_planes(const T* in, int64_t in_stride, T* out, int64_t out_stride, F f, T add = T(0)) {
+[[gnu::always_inline]] inline void transform_planes(const T* in, int64_t in_stride, T* out, int64_t out_stride, F f,
+                                                    T add = T(0)) {
   T a[R][C], b[R2][C2];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -212,24 +213,25 @@ struct Tiles {
   int m;            // outputs per tile side
   int h, w, th, tw;  // image size; tiles down and across
   int per_image() const { return th * tw; }
+  int64_t planes() const { return int64_t(m + 2) * (m + 2); }  // N^2: V's and M's planes, U's matrices
 };
 
 Tiles tiles_of(int m, int h, int w) { return {m, h, w, (h + m - 1) / m, (w + m - 1) / m}; }
 
-// U[xi][k][c] = (G g G^T)[xi] of kernel (k, c); with Flip, of the kernel
-// that maps dy to dx: w[c][k] turned by 180 degrees (U is then in_c x
-// out_c). Per k, the C kernels' 9 taps are first copied into 9 rows of C,
+// U[xi][k][c] = (G g G^T)[xi] of kernel (k, c), for k in [k0, k1); with Flip, of
+// the kernel that maps dy to dx: w[c][k] turned by 180 degrees (U is then
+// in_c x out_c). Per k, the C kernels' 9 taps are first copied into 9 rows of C,
 // so that the transform is a loop over c that reads and writes in order,
 // and vectorises.
 template <int M, bool Flip, typename T>
-void transform_weights(int out_c, int in_c, const T* w, T* u, int k0 = 0, int k1 = -1) {
+void transform_weights(int out_c, int in_c, const T* w, T* u, int k0, int k1) {
   using W = Wino<M>;
   constexpr int N = W::N;
   const int K = Flip ? in_c : out_c, C = Flip ? out_c : in_c;
   const int64_t plane = int64_t(K) * C;
   std::vector<T> rows(size_t(9) * C);
   T* g9 = rows.data();
-  for (int k = k0; k < (k1 < 0 ? K : k1); ++k) {
+  for (int k = k0; k < k1; ++k) {
     for (int c = 0; c < C; ++c) {
       const T* src = w + (Flip ? int64_t(c) * in_c + k : int64_t(k) * in_c + c) * 9;
       for (int rs = 0; rs < 9; ++rs) g9[rs * C + c] = src[Flip ? 8 - rs : rs];
@@ -244,10 +246,7 @@ void transform_weights(int out_c, int in_c, const T* w, T* u, int k0 = 0, int k1
 // Scratch values the transforms of a chunk of nb images need
 // (transform_input's tile planes, transform_output's outputs,
 // transform_output_grad's planes).
-size_t transform_scratch(const Tiles& t, int nb) {
-  const size_t n2 = size_t(t.m + 2) * (t.m + 2);
-  return n2 * nb * size_t(t.per_image());
-}
+size_t transform_scratch(const Tiles& t, int nb) { return size_t(t.planes()) * nb * size_t(t.per_image()); }
 
 // V[xi][c][tile] = (B^T d B)[xi] for every tile of the nb images at x (C
 // planes each, in_img apart), d the N x N input block at (M i - 1, M j - 1),
@@ -396,10 +395,9 @@ int64_t min_columns(int m) { return m == 2 ? kWinogradMinColumns2 : kWinogradMin
 template <typename T>
 int64_t reserve_buffers(ConvScratch<T>& s, int threads, int C, int K, const Tiles& t, int chunk) {
   const int64_t max_ld = aligned_stride<T>(int64_t(chunk) * t.per_image());
-  const size_t n2 = size_t(t.m + 2) * (t.m + 2);
   if (int(s.thread.size()) < threads) s.thread.resize(threads);
   for (int th = 0; th < threads; ++th)
-    reserve_aligned(s.thread[th], n2 * size_t(C + K) * size_t(max_ld) + transform_scratch(t, chunk));
+    reserve_aligned(s.thread[th], size_t(t.planes() * (C + K) * max_ld) + transform_scratch(t, chunk));
   return max_ld;
 }
 
@@ -410,10 +408,9 @@ struct Buffers {
 
 template <typename T>
 Buffers<T> buffers(ConvScratch<T>& s, const Tiles& t, int th, int C, int K, int64_t max_ld) {
-  const int64_t n2 = int64_t(t.m + 2) * (t.m + 2);
   T* v = align_up(s.thread[size_t(th)].data());
-  T* m = v + n2 * C * max_ld;
-  return {v, m, m + n2 * K * max_ld};
+  T* m = v + t.planes() * C * max_ld;
+  return {v, m, m + t.planes() * K * max_ld};
 }
 
 // y = conv3x3(x) + bias over a batch of C-channel images, from U (transform_weights).
@@ -492,7 +489,7 @@ void transform_all_weights(const ConvGeom& g, const T* w, std::vector<T>& u, Thr
   constexpr int N2 = (M + 2) * (M + 2);
   u.resize(size_t(N2) * g.out_c * g.in_c);
   const int K = Flip ? g.in_c : g.out_c, parts = std::min(conv_threads(pool), K);
-  if (parts <= 1) return transform_weights<M, Flip>(g.out_c, g.in_c, w, u.data());
+  if (parts <= 1) return transform_weights<M, Flip>(g.out_c, g.in_c, w, u.data(), 0, K);
   pool->parallel_for(parts, [&](int64_t part, int) {
     transform_weights<M, Flip>(g.out_c, g.in_c, w, u.data(), int(part * K / parts), int((part + 1) * K / parts));
   });
