@@ -30,6 +30,9 @@ case $mode in
 prepare)
   build=${DDP_BUILD_DIR:-$root/build}
   [[ -f $dir/device-env.sh ]] || "$root/../shared/tools/device-bundle.sh" "$dir"
+  # ddp_train's TensorBoard writer links Protocol Buffers, which the bundle
+  # does not carry.
+  ls "$dir"/debs/libprotobuf32_*.deb >/dev/null 2>&1 || (cd "$dir/debs" && apt-get download libprotobuf32 >/dev/null)
   "$root/scripts/build.sh"
   mkdir -p "$dir/bin" "$dir/data"
   cp "$build/bin/ddp_train" "$build/tests/test_cuda" "$build/tests/mpi_test_cuda" "$build/tests/test_cli" "$dir/bin/"
@@ -57,14 +60,22 @@ run | learn | bench)
     fi
   done <"$dir/paths"
   { nvidia-smi -L || echo "no nvidia-smi"; date -u +%F; } | tee "$out/device.txt"
+  # A library missing there ends the call at once, naming it.
+  missing=$(for b in "$dir"/bin/*; do ldd "$b" | sed -n "s|^\s*\(\S*\) => not found|$(basename "$b"): \1|p"; done)
+  if [[ -n $missing ]]; then
+    echo "gpu-check: libraries not found there:" "$missing" | tee -a "$out/device.txt" >&2
+    exit 3
+  fi
+  # No step may hold the call past its limit: each check and benchmark run
+  # has its own (seconds).
+  step=${GPU_CHECK_STEP_S:-300}
   if [[ $mode == bench ]]; then
     # Within a device call's 10 minutes: ResNet-18 over fewer epochs.
-    for spec in lenet:3:5 resnet18:2:2; do
-      IFS=: read -r model reps epochs <<<"$spec"
-      for p in fp32 bf16 fp16; do
-        DDP_TRAIN=$dir/bin/ddp_train "$root/bench/compare_pytorch_gpu.sh" --model "$model" --precision $p "$reps" \
-          "$epochs" >>"$out/bench.txt" 2>&1 || echo "bench $model $p failed" >>"$out/bench.txt"
-      done
+    # GPU_BENCH: model:precision:reps:epochs, most wanted first.
+    for spec in ${GPU_BENCH:-lenet:fp32:3:5 resnet18:fp32:2:2 lenet:bf16:3:5 resnet18:bf16:2:2 lenet:fp16:3:5 resnet18:fp16:2:2}; do
+      IFS=: read -r model p reps epochs <<<"$spec"
+      DDP_TRAIN=$dir/bin/ddp_train timeout -k 10 "$step" "$root/bench/compare_pytorch_gpu.sh" --model "$model" \
+        --precision "$p" "$reps" "$epochs" >>"$out/bench.txt" 2>&1 || echo "bench $model $p failed ($?)" >>"$out/bench.txt"
     done
     cat "$out/bench.txt"
     exit 0
@@ -78,11 +89,14 @@ run | learn | bench)
     local name=$1 rc=0 log verdict=passed
     shift
     log=$(mktemp)
-    "$@" --gtest_color=no >"$log" 2>&1 || rc=$?
+    timeout -k 10 "$step" "$@" --gtest_color=no >"$log" 2>&1 || rc=$?
     { echo "=== $name: $*"; cat "$log"; } >>"$out/tests.log"
     # 77: every test skipped on every rank (mpi_gtest_main.cpp's verdict).
     if ((rc == 77)); then
       verdict=skipped
+    elif ((rc == 124 || rc == 137)); then
+      verdict="TIMED OUT after ${step} s"
+      status=1
     elif ((rc != 0)); then
       verdict="FAILED (exit $rc)"
       status=1
