@@ -122,8 +122,9 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
   if (cfg.deterministic_shards > 0)
     out << "\nddp_train: deterministic: " << cfg.deterministic_shards << " micro-shards of "
         << cfg.batch_size / cfg.deterministic_shards
-        << " samples per step, each on one thread, gradients summed as integers; bitwise the same at world "
-           "sizes "
+        << " samples per step, each on "
+        << (ranks[0].device == std::string("cpu") ? "one thread" : "the GPU in turn, deterministic cuDNN algorithms")
+        << ", gradients summed as integers; bitwise the same at world sizes "
         << reproducing_world_sizes(cfg.deterministic_shards)
         << (nn::has_batch_norm(graph) ? "; BatchNorm's statistics over the global batch, each micro-shard's summed in "
                                     "shard order"
@@ -346,12 +347,6 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     throw UsageError(detail::concat("--deterministic: model ", cfg.model, " has BatchNorm, whose statistics over ",
                                     "each rank's own batch depend on the world size; add --sync-bn to take them "
                                     "over the global batch"));
-  if (cfg.deterministic_shards > 0 && place.device == "cuda")
-    // The GPU path is there (fixed-point sums on the device, an integer NCCL
-    // all-reduce, deterministic cuDNN algorithms, SyncBatchNorm's shard sums:
-    // tests/mpi/cuda/deterministic_cuda_test.cpp), but it has not run on a
-    // GPU yet: refused until it has.
-    throw UsageError("--deterministic is not yet available with GPUs (--device cuda): use --device cpu");
   if (cfg.debug_collectives && place.device == "cuda")
     throw UsageError("--debug-collectives checks the MPI backend's collectives; with GPUs (--device cuda) it is not "
                      "available yet: use --device cpu to debug the order of collectives");

@@ -26,6 +26,7 @@ namespace {
 
 using nn_cuda_test::agrees;
 using nn_cuda_test::agrees_in_scale;
+using nn_cuda_test::agrees_within;
 using nn_cuda_test::DeviceArray;
 using nn_cuda_test::to_host;
 
@@ -37,12 +38,65 @@ using nn_cuda_test::to_host;
 // pass on one device and not on the other, which moves a few gradient
 // entries by up to a few % of their tensor's largest (worst: the MLP's
 // fc1.bias, a sum over 64 rows); a wiring error moves them by ~100%.
-class CudaModels : public nn_cuda_test::GpuTest {
- protected:
-  void two_steps(const std::string& name, int batch);
+//
+// Note [resnet's bounds]: ResNet-18 cannot be held to 1e-4. Its 20
+// BatchNorms make a float32 step sensitive to summation order: one step's
+// update is 1e-2 to 5e-2 of each tensor's largest off a float64 step, in
+// PyTorch's float32 as in ours (tests/python/resnet18_step.py), and the GPU
+// is one more order. Measured on an H200 (2026-11-26), batch 16:
+//  - step 0: logits, dlogits and loss within 1e-4; every weight gradient
+//    within 0.1 of its tensor's largest; parameters within 3.9e-4;
+//  - step 1, from parameters that differ that much: logits within 2.8e-3 of
+//    their largest, the loss 3.6e-4 of itself, parameters 4.2e-3, running
+//    statistics 1e-3, eval logits 3.1e-3; the gradients 10% to 40% of their
+//    tensors' largest: no bound there tells a wiring error from rounding.
+// The conv biases in front of a BatchNorm have a zero gradient (its mean
+// removes them); on both devices they are rounding noise, ~1e-6 of the
+// model's largest gradient, which their own scale cannot judge.
+struct StepBounds {
+  bool per_tensor_grads_after_first = true;  // Note [resnet's bounds]
+  double logits = 1e-4, logits_in_scale = 1e-3, loss = 1e-4;
+  double grads = 1e-4;  // absolute below 1; 0: per tensor only
+  double params = 1e-4, buffers = 1e-4;
+  int correct = 0;  // samples counted correct on one device and not the other
 };
 
-void CudaModels::two_steps(const std::string& name, int batch) {
+// For step 0 and for later steps.
+struct Bounds {
+  StepBounds first, later;
+  double eval = 1e-4;
+};
+
+Bounds resnet_bounds() {
+  Bounds b;
+  // Step 0: gradients per tensor only (their absolute size varies by 100x
+  // across tensors); parameters move by lr 0.1 x a gradient difference of
+  // up to 0.1 x the largest (~0.2), so by up to 2e-3.
+  b.first.grads = 0;
+  b.first.params = 2e-3;
+  b.later = {false, 1e-2, 1e-2, 1e-3, 0, 1e-2, 1e-2, 1};
+  b.eval = 1e-2;
+  return b;
+}
+
+// Per parameter tensor: true where its gradient is zero in exact arithmetic,
+// a convolution's bias read by a BatchNorm.
+std::vector<bool> zero_gradient(const Graph& g) {
+  std::vector<bool> zero(g.params.size(), false);
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    if (g.ops[i].kind != OpKind::Conv2d || g.op_params[i].size() < 2) continue;
+    for (const Op& reader : g.ops)
+      if (reader.kind == OpKind::BatchNorm2d && reader.inputs[0] == int(i) + 1) zero[g.op_params[i][1]] = true;
+  }
+  return zero;
+}
+
+class CudaModels : public nn_cuda_test::GpuTest {
+ protected:
+  void two_steps(const std::string& name, int batch, const Bounds& bounds = {});
+};
+
+void CudaModels::two_steps(const std::string& name, int batch, const Bounds& bounds) {
   SCOPED_TRACE(name + " batch " + std::to_string(batch));
   const Shape input{1, 28, 28};
   const int classes = 10;
@@ -64,6 +118,10 @@ void CudaModels::two_steps(const std::string& name, int batch) {
   opt.weight_decay = 1e-4;
   nn_cuda_test::OptimizerPair sgd(ctx(), opt, cpu, gpu);
   const size_t nx = size_t(batch) * size_t(input.numel()), nl = size_t(batch) * classes;
+  const std::vector<bool> zero = zero_gradient(cpu.graph());
+  size_t widest = 0;
+  for (const TensorInfo& p : cpu.param_info()) widest = std::max(widest, p.numel);
+  const std::vector<float> zeros(widest, 0.0f);
   for (int step = 0; step < 2; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     const auto [x, labels] = nn_cuda_test::step_inputs(step, batch, size_t(input.numel()), classes);
@@ -90,22 +148,38 @@ void CudaModels::two_steps(const std::string& name, int batch) {
     const std::vector<float> grads = to_host(ctx(), gpu.grads(), n);
     sgd.gpu.step(0.1, gpu.params(), gpu.grads());
 
-    EXPECT_TRUE(agrees(to_host(ctx(), glogits, nl), cpu_logits)) << "logits";
-    EXPECT_TRUE(agrees(gdlogits.download(), dlogits)) << "dlogits";
-    const std::vector<double> s = sums.download();
-    EXPECT_NEAR(s[0] / batch, loss, 1e-4 * std::max(1.0f, std::fabs(loss))) << "loss";
-    EXPECT_EQ(s[1], double(correct)) << "correct";
-    EXPECT_TRUE(agrees(grads, cpu_grads)) << "grads";
+    const StepBounds& b = step == 0 ? bounds.first : bounds.later;
     const std::vector<float> gpu_logits = to_host(ctx(), glogits, nl);
-    EXPECT_TRUE(agrees_in_scale(gpu_logits.data(), cpu_logits.data(), nl, 1e-3)) << "logits, in their own scale";
-    for (const TensorInfo& p : cpu.param_info())
-      EXPECT_TRUE(agrees_in_scale(grads.data() + p.offset, cpu_grads.data() + p.offset, p.numel, 1e-1))
-          << p.name << " grad, in its own scale";
+    EXPECT_TRUE(agrees(gpu_logits, cpu_logits, b.logits)) << "logits";
+    EXPECT_TRUE(agrees(gdlogits.download(), dlogits, b.logits)) << "dlogits";
+    const std::vector<double> s = sums.download();
+    EXPECT_NEAR(s[0] / batch, loss, b.loss * std::max(1.0f, std::fabs(loss))) << "loss";
+    EXPECT_LE(std::fabs(s[1] - double(correct)), b.correct) << "correct";
+    if (b.grads > 0) {
+      EXPECT_TRUE(agrees(grads, cpu_grads, b.grads)) << "grads";
+    }
+    EXPECT_TRUE(agrees_in_scale(gpu_logits.data(), cpu_logits.data(), nl, b.logits_in_scale))
+        << "logits, in their own scale";
+    double largest = 0;
+    for (float v : cpu_grads) largest = std::max(largest, double(std::fabs(v)));
+    const std::vector<TensorInfo>& info = cpu.param_info();
+    for (size_t k = 0; k < info.size(); ++k) {
+      const TensorInfo& p = info[k];
+      if (zero[k]) {  // Note [resnet's bounds]: noise on both devices
+        for (const std::vector<float>* g : {&grads, &cpu_grads})
+          EXPECT_TRUE(agrees_within(g->data() + p.offset, zeros.data(), p.numel, 1e-4, largest))
+              << p.name << " grad should be about 0 (" << (g == &grads ? "gpu" : "cpu") << ")";
+      } else if (step == 0 || b.per_tensor_grads_after_first) {
+        EXPECT_TRUE(agrees_in_scale(grads.data() + p.offset, cpu_grads.data() + p.offset, p.numel, 1e-1))
+            << p.name << " grad, in its own scale";
+      }
+    }
     ModelState after;
     gpu.get_state(after);
-    EXPECT_TRUE(agrees(after.params, std::vector<float>(cpu.params(), cpu.params() + n))) << "params";
+    EXPECT_TRUE(agrees(after.params, std::vector<float>(cpu.params(), cpu.params() + n), b.params)) << "params";
     if (nb) {
-      EXPECT_TRUE(agrees(after.buffers, std::vector<float>(cpu.buffers(), cpu.buffers() + nb))) << "buffers";
+      EXPECT_TRUE(agrees(after.buffers, std::vector<float>(cpu.buffers(), cpu.buffers() + nb), b.buffers))
+          << "buffers";
     }
     EXPECT_EQ(after.counters, cpu.counters());
 
@@ -121,7 +195,8 @@ void CudaModels::two_steps(const std::string& name, int batch) {
   DeviceArray<float> gx(ctx(), x);
   const float* e = cpu.forward(x.data(), batch, Mode::Eval);
   const std::vector<float> cpu_eval(e, e + nl);
-  EXPECT_TRUE(agrees(to_host(ctx(), gpu.forward(gx.get(), batch, Mode::Eval), nl), cpu_eval)) << "eval logits";
+  EXPECT_TRUE(agrees(to_host(ctx(), gpu.forward(gx.get(), batch, Mode::Eval), nl), cpu_eval, bounds.eval))
+      << "eval logits";
 }
 
 TEST_F(CudaModels, LenetTwoSgdStepsMatchCpu) { two_steps("lenet", 64); }
@@ -133,7 +208,7 @@ TEST_F(CudaModels, LenetOddBatch) { two_steps("lenet", 7); }
 
 // The network the redesign is for: its residual fan-out, BatchNorm in both
 // modes, strided and 1x1 convolutions and global pooling, a full step.
-TEST_F(CudaModels, Resnet18TwoSgdStepsMatchCpu) { two_steps("resnet18", 16); }
+TEST_F(CudaModels, Resnet18TwoSgdStepsMatchCpu) { two_steps("resnet18", 16, resnet_bounds()); }
 
 TEST_F(CudaModels, BackwardAtAnotherBatchIsAnError) {
   auto dev = make_cuda_device(ctx());
