@@ -86,11 +86,14 @@ class Conv final : public Kernel {
   Conv(const Op& op, ThreadPool* pool) : op_(op), lanes_(pool) {}
   // Micro-shards that take Winograd's path share one transform of the
   // kernels (turned for backward's input gradient), made here on the pool:
-  // the same values each shard would make itself. A call on a lane takes it
-  // where conv2d would take Winograd's path with the same tile size.
+  // the same values each shard would make itself. Sharing it, Winograd's
+  // path repays from fewer tiles (winograd_applies_to_shards). A call on a
+  // lane takes it where its own micro-shard's size gives the same path and
+  // tile size (evaluation's last micro-shard may be smaller); a call that
+  // does not, conv2d's path for its size.
   void begin_shards(const OpArgs& whole, int shard, bool backward) override {
     const cpu::ConvGeom g = conv_geom(op_, shard);
-    shared_ = cpu::winograd_applies(g) ? (backward ? Shared::Backward : Shared::Forward) : Shared::None;
+    shared_ = cpu::winograd_applies_to_shards(g) ? (backward ? Shared::Backward : Shared::Forward) : Shared::None;
     if (shared_ == Shared::None) return;
     tile_ = cpu::winograd_tile(g);
     cpu::winograd_transform_weights(g, whole.p[0], backward, tile_, kernels_, lanes_.pool);
@@ -114,7 +117,7 @@ class Conv final : public Kernel {
  private:
   enum class Shared { None, Forward, Backward };
   bool shares(const OpArgs& a, const cpu::ConvGeom& g, Shared phase) const {
-    return a.lane >= 0 && shared_ == phase && cpu::winograd_applies(g) && cpu::winograd_tile(g) == tile_;
+    return a.lane >= 0 && shared_ == phase && cpu::winograd_applies_to_shards(g) && cpu::winograd_tile(g) == tile_;
   }
   const Op& op_;
   LaneScratch lanes_;

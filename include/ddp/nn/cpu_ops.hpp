@@ -57,6 +57,10 @@ void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* 
 // 4 outputs a side, 0 for winograd_tile's.
 bool winograd_fits(const ConvGeom& g);
 bool winograd_applies(const ConvGeom& g);
+// Where micro-shards of g.batch samples that share one transform of the
+// kernels (winograd_transform_weights) take Winograd's path: from fewer
+// tiles than winograd_applies, and wherever it does.
+bool winograd_applies_to_shards(const ConvGeom& g);
 template <typename T>
 void winograd_conv3x3_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, ConvScratch<T>& s,
                               ThreadPool* pool = nullptr, int tile = 0, const T* u = nullptr);

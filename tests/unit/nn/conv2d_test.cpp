@@ -154,6 +154,16 @@ TEST(Conv2d, WinogradTakesTheLayersItShould) {
   EXPECT_EQ(cpu::winograd_tile(conv_geom(4, 256, 7, 7, 256, 3, 1, 1)), 2);
   EXPECT_EQ(cpu::winograd_tile(conv_geom(8, 256, 7, 7, 256, 3, 1, 1)), 4);
   EXPECT_EQ(cpu::winograd_tile(conv_geom(2, 128, 14, 14, 128, 3, 1, 1)), 4);
+  // Micro-shards sharing one transform of the kernels: from 32 blocks
+  // (--deterministic's 8 images of the last block), and wherever a call
+  // alone takes Winograd's path.
+  EXPECT_TRUE(cpu::winograd_applies_to_shards(conv_geom(8, 512, 4, 4, 512, 3, 1, 1)));
+  EXPECT_FALSE(cpu::winograd_applies_to_shards(conv_geom(7, 512, 4, 4, 512, 3, 1, 1)));
+  EXPECT_FALSE(cpu::winograd_applies_to_shards(conv_geom(8, 512, 4, 4, 512, 3, 2, 1)));
+  EXPECT_FALSE(cpu::winograd_applies_to_shards(conv_geom(64, 1, 28, 28, 64, 3, 1, 1)));
+  for (const ConvGeom& g : {conv_geom(16, 512, 4, 4, 512, 3, 1, 1), conv_geom(4, 256, 7, 7, 256, 3, 1, 1),
+                            conv_geom(1, 64, 28, 28, 64, 3, 1, 1), conv_geom(2, 128, 14, 14, 128, 3, 1, 1)})
+    EXPECT_TRUE(cpu::winograd_applies_to_shards(g)) << g.batch << " images of " << g.in_c << " channels";
 }
 
 // Winograd's chunks (images side by side in the GEMMs) and threads give each

@@ -16,6 +16,7 @@
 #include "cpu_model.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/rng.hpp"
+#include "ddp/nn/cpu_ops.hpp"  // winograd_applies, winograd_applies_to_shards
 #include "ddp/nn/graph.hpp"
 #include "ddp/nn/model.hpp"
 #include "ddp/nn/thread_pool.hpp"
@@ -464,6 +465,33 @@ struct Taken final : ShardGradients {
   std::vector<int> folds, lane_calls;
 };
 
+// The reference the micro-shard tests compare with: a model of g run on the
+// whole batch (its parameters times `scale`), its evaluation logits over
+// the first `eval_batch` samples, and a training step's logits, loss
+// gradient d, parameter gradients, counters and buffers.
+struct WholeBatch {
+  WholeBatch(Graph g, const Batch& b, int batch, int eval_batch, int classes, float scale = 1.0f)
+      : d(size_t(batch) * size_t(classes)) {
+    CpuModel whole(std::move(g), 8);
+    for (size_t i = 0; i < whole->num_params(); ++i) whole->params()[i] *= scale;
+    whole->get_state(start);
+    const float* le = whole->forward(b.x.data(), eval_batch, Mode::Eval);
+    eval.assign(le, le + size_t(eval_batch) * size_t(classes));
+    whole->zero_grads();
+    const float* lw = whole->forward(b.x.data(), batch);
+    logits.assign(lw, lw + d.size());
+    softmax_cross_entropy(lw, b.y.data(), batch, classes, d.data());
+    whole->backward(d.data(), batch);
+    grads.assign(whole->grads(), whole->grads() + whole->num_params());
+    counters = whole->counters();
+    buffers.assign(whole->buffers(), whole->buffers() + whole->graph().num_buffers);
+  }
+  ModelState start;
+  std::vector<double> eval, logits, buffers;  // buffers: after the step
+  std::vector<float> d, grads;
+  std::vector<int64_t> counters;
+};
+
 // Note [micro-shards], Note [lanes] (device.hpp): a batch run op by op in
 // micro-shards, on one lane or several, is the same computation as the whole
 // batch (BatchNorm over all of it), and each micro-shard's logits and
@@ -475,20 +503,13 @@ TEST(Model, MicroShardsOnLanesComputeWhatTheWholeBatchDoes) {
     const int classes = resnet ? 5 : 10;
     const auto graph = [&] { return resnet ? tiny_resnet() : model_graph("lenet", {1, 28, 28}, 10); };
     const Batch b = resnet ? random_batch(kBatch, 9, 128, classes) : random_batch(kBatch, 9);
-    std::vector<float> d(size_t(kBatch) * classes);
-    CpuModel whole(graph(), 8);
     // Weights larger than LeNet's N(0, 0.01), so that every op's signal shows.
-    for (size_t i = 0; i < whole->num_params(); ++i) whole->params()[i] *= resnet ? 1.0f : 10.0f;
-    ModelState start;
-    whole->get_state(start);
-    const float* le = whole->forward(b.x.data(), kEval, Mode::Eval);
-    const std::vector<double> eval(le, le + size_t(kEval) * classes);
-    whole->zero_grads();
-    const float* lw = whole->forward(b.x.data(), kBatch);
-    const std::vector<double> logits(lw, lw + d.size());
-    softmax_cross_entropy(lw, b.y.data(), kBatch, classes, d.data());
-    whole->backward(d.data(), kBatch);
-    const std::vector<float> gw(whole->grads(), whole->grads() + whole->num_params());
+    const WholeBatch w(graph(), b, kBatch, kEval, classes, resnet ? 1.0f : 10.0f);
+    const ModelState& start = w.start;
+    const std::vector<double>& eval = w.eval;
+    const std::vector<double>& logits = w.logits;
+    const std::vector<float>& d = w.d;
+    const std::vector<float>& gw = w.grads;
 
     std::vector<float> first_logits, first_eval;
     std::vector<std::vector<std::vector<float>>> first_shards;
@@ -527,10 +548,63 @@ TEST(Model, MicroShardsOnLanesComputeWhatTheWholeBatchDoes) {
           EXPECT_EQ(taken.shards[p], first_shards[p]) << g.params[p].name << ": not one lane's bits";
       }
       // BatchNorm's running statistics moved once, by the whole batch's.
-      EXPECT_EQ(sharded->counters(), whole->counters());
+      EXPECT_EQ(sharded->counters(), w.counters);
       if (g.num_buffers == 0) continue;
       const std::vector<float> bs(sharded->buffers(), sharded->buffers() + g.num_buffers);
-      EXPECT_LT(test::scaled_err(bs, std::vector<double>(whole->buffers(), whole->buffers() + g.num_buffers)), 1e-6);
+      EXPECT_LT(test::scaled_err(bs, w.buffers), 1e-6);
+    }
+  }
+}
+
+// A convolution whose micro-shards take Winograd's path only because they
+// share one transform of the kernels (Kernel::begin_shards): 16 channels on
+// 4x4 images, micro-shards of 8 (32 2x2 blocks: winograd_applies_to_shards,
+// not winograd_applies). Each micro-shard's logits and gradients are one
+// lane's bits at one lane or two, and they add up to the whole batch's; the
+// evaluation's last, smaller micro-shard (6 images) takes im2col's path.
+TEST(Model, MicroShardsSharingWinogradKernelsAreOneLanesBits) {
+  constexpr int kBatch = 24, kShard = 8, kEval = 22, kClasses = 5;
+  const auto graph = [] {
+    GraphBuilder b("wide", {16, 4, 4}, /*pytorch_init=*/true);
+    const int y = b.relu("relu", b.conv("conv", b.input(), 16, 3, 1, 1));
+    return b.finish(b.linear("fc", b.flatten("flat", b.global_avg_pool("gap", y)), kClasses));
+  };
+  cpu::ConvGeom g;
+  g.batch = kShard;
+  g.in_c = g.out_c = 16;
+  g.in_h = g.in_w = 4;
+  g.k = 3;
+  g.pad = 1;
+  ASSERT_TRUE(cpu::winograd_applies_to_shards(g));
+  ASSERT_FALSE(cpu::winograd_applies(g));
+  const Batch b = random_batch(kBatch, 21, 256, kClasses);
+  const WholeBatch w(graph(), b, kBatch, kEval, kClasses);
+
+  std::vector<float> first_logits, first_eval;
+  std::vector<std::vector<std::vector<float>>> first_shards;
+  for (const int lanes : {1, 2}) {
+    SCOPED_TRACE(std::to_string(lanes) + " lanes");
+    CpuModel sharded(graph(), 8, lanes);
+    sharded->set_state(w.start);
+    const float* lse = sharded->forward(b.x.data(), kEval, Mode::Eval, kShard);
+    const std::vector<float> ev(lse, lse + w.eval.size());
+    EXPECT_LT(test::scaled_err(ev, w.eval), 1e-5);
+    sharded->zero_grads();
+    const float* ls = sharded->forward(b.x.data(), kBatch, Mode::Train, kShard);
+    const std::vector<float> lg(ls, ls + w.d.size());
+    EXPECT_LT(test::scaled_err(lg, w.logits), 1e-5);
+    Taken taken(sharded->graph(), lanes);
+    sharded->backward_shards(w.d.data(), kBatch, taken);
+    EXPECT_LT(test::scaled_err(w.grads, taken.sum), 1e-5);
+    for (auto& s : taken.shards) std::sort(s.begin(), s.end());
+    if (lanes == 1) {
+      first_logits = lg;
+      first_eval = ev;
+      first_shards = taken.shards;
+    } else {
+      EXPECT_EQ(lg, first_logits);
+      EXPECT_EQ(ev, first_eval);
+      EXPECT_EQ(taken.shards, first_shards);
     }
   }
 }
