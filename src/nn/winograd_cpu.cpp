@@ -530,6 +530,10 @@ void backward_tiles(const ConvGeom& g, const T* x, const T* w, const T* dy, T* d
   winograd_run<M>(g.batch, g.out_c, g.in_c, t, dy, pre, static_cast<const T*>(nullptr), dx, s, pool);
 }
 
+// The batch's 2x2 output blocks, by which winograd_applies,
+// winograd_applies_to_shards and winograd_tile choose.
+int64_t output_blocks(const ConvGeom& g) { return int64_t(g.batch) * tiles_of(2, g.in_h, g.in_w).per_image(); }
+
 }  // namespace
 
 bool winograd_fits(const ConvGeom& g) {
@@ -537,17 +541,13 @@ bool winograd_fits(const ConvGeom& g) {
   return g.k == 3 && g.stride == 1 && g.pad == 1 && g.in_c >= 16 && g.out_c >= 16;
 }
 
-bool winograd_applies(const ConvGeom& g) {
-  return winograd_fits(g) && int64_t(g.batch) * tiles_of(2, g.in_h, g.in_w).per_image() >= kWinogradMinCallColumns;
-}
+bool winograd_applies(const ConvGeom& g) { return winograd_fits(g) && output_blocks(g) >= kWinogradMinCallColumns; }
 
 bool winograd_applies_to_shards(const ConvGeom& g) {
-  return winograd_fits(g) && int64_t(g.batch) * tiles_of(2, g.in_h, g.in_w).per_image() >= kWinogradMinShardColumns;
+  return winograd_fits(g) && output_blocks(g) >= kWinogradMinShardColumns;
 }
 
-int winograd_tile(const ConvGeom& g) {
-  return int64_t(g.batch) * tiles_of(2, g.in_h, g.in_w).per_image() >= kWinogradTile4Columns ? 4 : 2;
-}
+int winograd_tile(const ConvGeom& g) { return output_blocks(g) >= kWinogradTile4Columns ? 4 : 2; }
 
 namespace {
 

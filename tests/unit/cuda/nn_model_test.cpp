@@ -74,7 +74,12 @@ Bounds resnet_bounds() {
   // up to 0.1 x the largest (~0.2), so by up to 2e-3.
   b.first.grads = 0;
   b.first.params = 2e-3;
-  b.later = {false, 1e-2, 1e-2, 1e-3, 0, 1e-2, 1e-2, 1};
+  b.later.per_tensor_grads_after_first = false;
+  b.later.logits = b.later.logits_in_scale = 1e-2;
+  b.later.loss = 1e-3;
+  b.later.grads = 0;
+  b.later.params = b.later.buffers = 1e-2;
+  b.later.correct = 1;
   b.eval = 1e-2;
   return b;
 }

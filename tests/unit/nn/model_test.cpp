@@ -569,12 +569,7 @@ TEST(Model, MicroShardsSharingWinogradKernelsAreOneLanesBits) {
     const int y = b.relu("relu", b.conv("conv", b.input(), 16, 3, 1, 1));
     return b.finish(b.linear("fc", b.flatten("flat", b.global_avg_pool("gap", y)), kClasses));
   };
-  cpu::ConvGeom g;
-  g.batch = kShard;
-  g.in_c = g.out_c = 16;
-  g.in_h = g.in_w = 4;
-  g.k = 3;
-  g.pad = 1;
+  const cpu::ConvGeom g = test::conv_geom(kShard, 16, 4, 4, 16, 3, 1, 1);
   ASSERT_TRUE(cpu::winograd_applies_to_shards(g));
   ASSERT_FALSE(cpu::winograd_applies(g));
   const Batch b = random_batch(kBatch, 21, 256, kClasses);
