@@ -11,6 +11,7 @@
 #include "ddp/core/error.hpp"
 #include "ddp/ddp/fixed_point.hpp"  // to_fixed, from_fixed: the GPU's arithmetic too
 #include "ddp/nn/device.hpp"        // sum_in_shard_order
+#include "ddp/nn/simd.hpp"          // the AVX-512 intrinsics, where the build has them
 
 namespace ddp {
 
@@ -32,7 +33,35 @@ double quantize_add(const float* g, size_t n, int exponent, int limit_bits, int6
   const double scale = std::ldexp(1.0, exponent), limit = std::ldexp(1.0, limit_bits);
   float max = 0;
   bool finite = true;
-  for (size_t i = 0; i < n; ++i) {
+  size_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+  // Eight at a time, element by element what to_fixed does: the scaled
+  // double's magnitude below limit (false for NaN), vcvtpd2qq rounding as
+  // rint does (to nearest even, MXCSR's default). Every micro-shard's
+  // every gradient passes here: 4% of a ResNet-18 --deterministic run when
+  // it was the scalar loop below.
+  const __m512d vscale = _mm512_set1_pd(scale), vlimit = _mm512_set1_pd(limit);
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 vmax = _mm256_setzero_ps();
+  __mmask8 all_finite = 0xff;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 a = _mm256_andnot_ps(sign, x);
+    all_finite &= _mm256_cmp_ps_mask(a, inf, _CMP_LT_OQ);
+    vmax = _mm256_max_ps(a, vmax);  // vmax where a is NaN
+    const __m512d v = _mm512_mul_pd(_mm512_cvtps_pd(x), vscale);
+    const __mmask8 fits = _mm512_cmp_pd_mask(_mm512_abs_pd(v), vlimit, _CMP_LT_OQ);
+    const __m512i q = _mm512_cvtpd_epi64(v);
+    int64_t* out = acc + i;
+    _mm512_mask_storeu_epi64(out, fits, _mm512_add_epi64(_mm512_loadu_si512(out), q));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  for (float a : lanes) max = std::max(max, a);
+  finite = all_finite == 0xff;
+#endif
+  for (; i < n; ++i) {
     const float a = std::fabs(g[i]);
     finite &= std::isfinite(a);
     max = std::max(max, a);

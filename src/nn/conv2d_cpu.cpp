@@ -22,11 +22,11 @@ void check_conv_geom(const ConvGeom& g) {
 
 template <typename T>
 void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
-                    ConvScratch<T>& s, ThreadPool* pool) {
+                    ConvScratch<T>& s, ThreadPool* pool, const PackedMatrix* packed) {
   if (winograd_applies(g)) return winograd_conv3x3_forward(g, x, w, b, y, s, pool);
   const int OHW = g.out_h() * g.out_w();
   const int64_t out_img = int64_t(g.out_c) * OHW;
-  conv_forward_chunks(g, x, w, s, pool, [&](int n0, int nb, const T* out, int64_t ld) {
+  conv_forward_chunks(g, x, w, s, pool, packed, [&](int n0, int nb, const T* out, int64_t ld) {
     for (int i = 0; i < nb; ++i) {
       T* yi = y + (n0 + i) * out_img;
       for (int oc = 0; oc < g.out_c; ++oc) {
@@ -41,11 +41,11 @@ void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
 
 template <typename T>
 void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
-                     ConvScratch<T>& s, ThreadPool* pool) {
+                     ConvScratch<T>& s, ThreadPool* pool, const PackedMatrix* packed) {
   if (winograd_applies(g)) return winograd_conv3x3_backward(g, x, w, dy, dw, db, dx, s, pool);
   const int OHW = g.out_h() * g.out_w();
   const int64_t out_img = int64_t(g.out_c) * OHW;
-  conv_backward_chunks(g, x, w, dw, db, dx, s, pool, [&](int n0, int nb, T* dyc, int64_t ld) {
+  conv_backward_chunks(g, x, w, dw, db, dx, s, pool, packed, [&](int n0, int nb, T* dyc, int64_t ld) {
     for (int i = 0; i < nb; ++i) {
       const T* dyi = dy + (n0 + i) * out_img;
       for (int oc = 0; oc < g.out_c; ++oc)
@@ -56,13 +56,13 @@ void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* 
 }
 
 template void conv2d_forward<float>(const ConvGeom&, const float*, const float*, const float*,
-                                    float*, ConvScratch<float>&, ThreadPool*);
+                                    float*, ConvScratch<float>&, ThreadPool*, const PackedMatrix*);
 template void conv2d_forward<double>(const ConvGeom&, const double*, const double*, const double*,
-                                     double*, ConvScratch<double>&, ThreadPool*);
+                                     double*, ConvScratch<double>&, ThreadPool*, const PackedMatrix*);
 template void conv2d_backward<float>(const ConvGeom&, const float*, const float*, const float*,
-                                     float*, float*, float*, ConvScratch<float>&, ThreadPool*);
+                                     float*, float*, float*, ConvScratch<float>&, ThreadPool*, const PackedMatrix*);
 template void conv2d_backward<double>(const ConvGeom&, const double*, const double*,
                                       const double*, double*, double*, double*,
-                                      ConvScratch<double>&, ThreadPool*);
+                                      ConvScratch<double>&, ThreadPool*, const PackedMatrix*);
 
 }  // namespace ddp::nn::cpu

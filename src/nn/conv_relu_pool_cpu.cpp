@@ -138,7 +138,7 @@ void conv2d_relu_avgpool2_forward(const ConvGeom& g, const T* x, const T* w, con
   check_poolable(g);
   const int OW = g.out_w(), OHW = g.out_h() * OW, PH = g.out_h() / 2, PW = OW / 2;
   const int64_t rb = conv_relu_mask_row_bytes(g), plane_mask = 2 * PH * rb;
-  conv_forward_chunks(g, x, w, s, pool, [&](int n0, int nb, const T* out, int64_t ld) {
+  conv_forward_chunks(g, x, w, s, pool, nullptr, [&](int n0, int nb, const T* out, int64_t ld) {
     for (int i = 0; i < nb; ++i)
       for (int oc = 0; oc < g.out_c; ++oc) {
         const int64_t plane = int64_t(n0 + i) * g.out_c + oc;
@@ -154,7 +154,7 @@ void conv2d_relu_avgpool2_backward(const ConvGeom& g, const T* x, const T* w, co
   check_poolable(g);
   const int OH = g.out_h(), OW = g.out_w(), OHW = OH * OW, PH = OH / 2, PW = OW / 2;
   const int64_t rb = conv_relu_mask_row_bytes(g), plane_mask = 2 * PH * rb;
-  conv_backward_chunks(g, x, w, dw, db, dx, s, pool, [&](int n0, int nb, T* dyc, int64_t ld) {
+  conv_backward_chunks(g, x, w, dw, db, dx, s, pool, nullptr, [&](int n0, int nb, T* dyc, int64_t ld) {
     for (int i = 0; i < nb; ++i)
       for (int oc = 0; oc < g.out_c; ++oc) {
         const int64_t plane = int64_t(n0 + i) * g.out_c + oc;

@@ -12,6 +12,7 @@
 #include "ddp/nn/cpu_ops.hpp"
 #include "ddp/nn/device.hpp"
 #include "ddp/nn/kernel_math.hpp"  // BatchNorm's per-channel constants, shared with the GPU
+#include "ddp/nn/packed_gemm.hpp"
 #include "ddp/nn/thread_pool.hpp"
 
 namespace ddp::nn {
@@ -84,46 +85,80 @@ struct LaneScratch {
 class Conv final : public Kernel {
  public:
   Conv(const Op& op, ThreadPool* pool) : op_(op), lanes_(pool) {}
-  // Micro-shards that take Winograd's path share one transform of the
-  // kernels (turned for backward's input gradient), made here on the pool:
-  // the same values each shard would make itself. Sharing it, Winograd's
-  // path repays from fewer tiles (winograd_applies_to_shards). A call on a
-  // lane takes it where its own micro-shard's size gives the same path and
+  // Micro-shards share what they would each make of the weights: made here,
+  // on the pool, the same values each shard would make itself. On
+  // Winograd's path that is the kernels' transform (turned for backward's
+  // input gradient), which lets the path repay from fewer tiles
+  // (winograd_applies_to_shards); and, with the packed GEMM, the packing of
+  // the GEMMs' weight operands, Winograd's planes or im2col's w (w^T for
+  // backward) (Note [packed weights] in packed_gemm.hpp). A call on a lane
+  // takes them where its own micro-shard's size gives the same path and
   // tile size (evaluation's last micro-shard may be smaller); a call that
   // does not, conv2d's path for its size.
   void begin_shards(const OpArgs& whole, int shard, bool backward) override {
     const cpu::ConvGeom g = conv_geom(op_, shard);
-    shared_ = cpu::winograd_applies_to_shards(g) ? (backward ? Shared::Backward : Shared::Forward) : Shared::None;
-    if (shared_ == Shared::None) return;
-    tile_ = cpu::winograd_tile(g);
-    cpu::winograd_transform_weights(g, whole.p[0], backward, tile_, kernels_, lanes_.pool);
+    phase_ = backward ? Phase::Backward : Phase::Forward;
+    winograd_ = cpu::winograd_applies_to_shards(g);
+    if (winograd_) {
+      tile_ = cpu::winograd_tile(g);
+      cpu::winograd_transform_weights(g, whole.p[0], backward, tile_, kernels_, lanes_.pool);
+      if (cpu::kPackedGemm) cpu::pack_winograd_planes(g, backward, tile_, kernels_, packed_, lanes_.pool);
+    } else if (cpu::kPackedGemm) {
+      const int ckk = g.in_c * g.k * g.k;
+      packed_.resize(1);
+      if (backward)
+        packed_[0].pack(true, ckk, g.out_c, whole.p[0], ckk, lanes_.pool);
+      else
+        packed_[0].pack(false, g.out_c, ckk, whole.p[0], ckk, lanes_.pool);
+    }
   }
   void forward(const OpArgs& a) override {
     const cpu::ConvGeom g = conv_geom(op_, a.batch);
-    if (shares(a, g, Shared::Forward))
-      cpu::winograd_conv3x3_forward(g, a.x[0], a.p[0], a.p[1], a.y, lanes_.of(a), nullptr, tile_, kernels_.data());
-    else
-      cpu::conv2d_forward(g, a.x[0], a.p[0], a.p[1], a.y, lanes_.of(a), lanes_.threads(a));
+    switch (shared(a, g, Phase::Forward)) {
+      case Path::Winograd:
+        return cpu::winograd_conv3x3_forward(g, a.x[0], a.p[0], a.p[1], a.y, lanes_.of(a), nullptr, tile_,
+                                             kernels_.data(), packed());
+      case Path::Im2col:
+        return cpu::conv2d_forward(g, a.x[0], a.p[0], a.p[1], a.y, lanes_.of(a), nullptr, packed());
+      case Path::Own:
+        return cpu::conv2d_forward(g, a.x[0], a.p[0], a.p[1], a.y, lanes_.of(a), lanes_.threads(a));
+    }
   }
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
     const cpu::ConvGeom g = conv_geom(op_, a.batch);
-    if (shares(a, g, Shared::Backward))
-      cpu::winograd_conv3x3_backward(g, a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], lanes_.of(a), nullptr, tile_,
-                                     kernels_.data());
-    else
-      cpu::conv2d_backward(g, a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], lanes_.of(a), lanes_.threads(a));
+    switch (shared(a, g, Phase::Backward)) {
+      case Path::Winograd:
+        return cpu::winograd_conv3x3_backward(g, a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], lanes_.of(a), nullptr,
+                                              tile_, kernels_.data(), packed());
+      case Path::Im2col:
+        return cpu::conv2d_backward(g, a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], lanes_.of(a), nullptr,
+                                    packed());
+      case Path::Own:
+        return cpu::conv2d_backward(g, a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], lanes_.of(a),
+                                    lanes_.threads(a));
+    }
   }
 
  private:
-  enum class Shared { None, Forward, Backward };
-  bool shares(const OpArgs& a, const cpu::ConvGeom& g, Shared phase) const {
-    return a.lane >= 0 && shared_ == phase && cpu::winograd_applies_to_shards(g) && cpu::winograd_tile(g) == tile_;
+  enum class Phase { None, Forward, Backward };
+  // What a call runs on: the shared transform (and packing) of Winograd's
+  // path, the shared packing of im2col's, or nothing shared.
+  enum class Path { Winograd, Im2col, Own };
+  Path shared(const OpArgs& a, const cpu::ConvGeom& g, Phase phase) const {
+    if (a.lane < 0 || phase_ != phase) return Path::Own;
+    if (winograd_)
+      return cpu::winograd_applies_to_shards(g) && cpu::winograd_tile(g) == tile_ ? Path::Winograd : Path::Own;
+    // Fewer images than the shard's never reach Winograd's path.
+    return cpu::kPackedGemm ? Path::Im2col : Path::Own;
   }
+  const cpu::PackedMatrix* packed() const { return cpu::kPackedGemm ? packed_.data() : nullptr; }
   const Op& op_;
   LaneScratch lanes_;
-  Shared shared_ = Shared::None;  // what kernels_ holds, for the lanes after the last begin_shards
+  Phase phase_ = Phase::None;  // what the members below hold, for the lanes after the last begin_shards
+  bool winograd_ = false;
   int tile_ = 0;
   std::vector<float> kernels_;
+  std::vector<cpu::PackedMatrix> packed_;  // kernels_'s planes, or w (w^T backward), packed
 };
 
 // conv -> relu -> avgpool2 in one pass (conv_relu_pool_cpu.cpp); backward

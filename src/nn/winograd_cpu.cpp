@@ -41,6 +41,7 @@
 #include "ddp/nn/conv_engine.hpp"  // for_each_chunk, aligned buffers
 #include "ddp/nn/cpu_ops.hpp"
 #include "ddp/nn/gemm.hpp"
+#include "ddp/nn/thread_pool.hpp"
 
 namespace ddp::nn::cpu {
 
@@ -423,10 +424,11 @@ Buffers<T> buffers(ConvScratch<T>& s, const Tiles& t, int th, int C, int K, int6
   return {v, m, m + t.planes() * K * max_ld};
 }
 
-// y = conv3x3(x) + bias over a batch of C-channel images, from U (transform_weights).
+// y = conv3x3(x) + bias over a batch of C-channel images, from U
+// (transform_weights), or from U's planes packed (packed: N^2 of them).
 template <int M, typename T>
-void winograd_run(int batch, int C, int K, const Tiles& t, const T* x, const T* u, const T* bias, T* y,
-                  ConvScratch<T>& s, ThreadPool* pool) {
+void winograd_run(int batch, int C, int K, const Tiles& t, const T* x, const T* u, const PackedMatrix* packed,
+                  const T* bias, T* y, ConvScratch<T>& s, ThreadPool* pool) {
   constexpr int N2 = (M + 2) * (M + 2);
   const int64_t per = t.per_image();
   const int threads = conv_threads(pool), chunk = winograd_chunk(batch, per, threads, min_columns(M));
@@ -438,8 +440,8 @@ void winograd_run(int batch, int C, int K, const Tiles& t, const T* x, const T* 
     const int64_t n = nb * per, ld = aligned_stride<T>(n);
     transform_input<M>(t, C, x + n0 * in_img, nb, in_img, ld, v, tmp);
     for (int xi = 0; xi < N2; ++xi)
-      gemm(false, false, K, int(n), C, T(1), u + int64_t(xi) * K * C, C, v + int64_t(xi) * C * ld, int(ld), T(0),
-           m + int64_t(xi) * K * ld, int(ld));
+      weights_gemm(packed ? packed + xi : nullptr, false, K, int(n), C, u ? u + int64_t(xi) * K * C : nullptr, C,
+                   v + int64_t(xi) * C * ld, int(ld), m + int64_t(xi) * K * ld, int(ld));
     transform_output<M>(t, K, m, nb, ld, bias, y + n0 * out_img, out_img, tmp);
   });
 }
@@ -459,7 +461,17 @@ void winograd_weight_grad(int batch, int C, int K, const Tiles& t, const T* x, c
   const int groups = int(std::min<int64_t>(threads, chunks));
   const size_t grad_size = size_t(N2) * K * C + size_t(K);  // dU | db
   if (int(s.grad.size()) < groups) s.grad.resize(groups);
-  for (int k = 0; k < groups; ++k) s.grad[k].assign(grad_size, T(0));
+  // One chunk (a micro-shard's call) writes dU with its GEMMs (beta 0), so
+  // only db needs zeros; dU is N^2 x K x C, 16 MiB at 512 channels.
+  const bool one_chunk = chunks == 1;
+  for (int k = 0; k < groups; ++k) {
+    if (one_chunk) {
+      s.grad[k].resize(grad_size);
+      std::fill(s.grad[k].end() - K, s.grad[k].end(), T(0));
+    } else {
+      s.grad[k].assign(grad_size, T(0));
+    }
+  }
   const int64_t in_img = int64_t(C) * t.h * t.w, out_img = int64_t(K) * t.h * t.w;
   SerialBlas serial;
   auto run_chunk = [&](int64_t c, int group, int th) {
@@ -471,7 +483,7 @@ void winograd_weight_grad(int batch, int C, int K, const Tiles& t, const T* x, c
     transform_output_grad<M>(t, K, dy + n0 * out_img, nb, out_img, ld, m, tmp);
     for (int xi = 0; xi < N2; ++xi)
       gemm(false, true, K, C, int(n), T(1), m + int64_t(xi) * K * ld, int(ld), v + int64_t(xi) * C * ld, int(ld),
-           T(1), du + int64_t(xi) * K * C, C);
+           one_chunk ? T(0) : T(1), du + int64_t(xi) * K * C, C);
     if (db)
       for (int i = 0; i < nb; ++i)
         for (int k = 0; k < K; ++k)
@@ -505,29 +517,31 @@ void transform_all_weights(const ConvGeom& g, const T* w, std::vector<T>& u, Thr
   });
 }
 
-// pre: w already transformed (winograd_transform_weights), or nullptr.
+// pre: w already transformed (winograd_transform_weights), or nullptr;
+// packed: its planes packed, or nullptr.
 template <int M, typename T>
 void forward_tiles(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, ConvScratch<T>& s, ThreadPool* pool,
-                   const T* pre) {
-  if (!pre) {
+                   const T* pre, const PackedMatrix* packed) {
+  if (!pre && !packed) {
     transform_all_weights<M, /*Flip=*/false>(g, w, s.winograd_weights, pool);
     pre = s.winograd_weights.data();
   }
-  winograd_run<M>(g.batch, g.in_c, g.out_c, tiles_of(M, g.in_h, g.in_w), x, pre, b, y, s, pool);
+  winograd_run<M>(g.batch, g.in_c, g.out_c, tiles_of(M, g.in_h, g.in_w), x, pre, packed, b, y, s, pool);
 }
 
-// pre: w already transformed and turned (winograd_transform_weights), or nullptr.
+// pre: w already transformed and turned (winograd_transform_weights), or
+// nullptr; packed: its planes packed, or nullptr.
 template <int M, typename T>
 void backward_tiles(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx, ConvScratch<T>& s,
-                    ThreadPool* pool, const T* pre) {
+                    ThreadPool* pool, const T* pre, const PackedMatrix* packed) {
   const Tiles t = tiles_of(M, g.in_h, g.in_w);
   winograd_weight_grad<M>(g.batch, g.in_c, g.out_c, t, x, dy, dw, db, s, pool);
   if (!dx) return;
-  if (!pre) {
+  if (!pre && !packed) {
     transform_all_weights<M, /*Flip=*/true>(g, w, s.winograd_weights, pool);
     pre = s.winograd_weights.data();
   }
-  winograd_run<M>(g.batch, g.out_c, g.in_c, t, dy, pre, static_cast<const T*>(nullptr), dx, s, pool);
+  winograd_run<M>(g.batch, g.out_c, g.in_c, t, dy, pre, packed, static_cast<const T*>(nullptr), dx, s, pool);
 }
 
 // The batch's 2x2 output blocks, by which winograd_applies,
@@ -562,20 +576,21 @@ int checked_tile(const ConvGeom& g, int tile) {
 
 template <typename T>
 void winograd_conv3x3_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, ConvScratch<T>& s,
-                              ThreadPool* pool, int tile, const T* u) {
+                              ThreadPool* pool, int tile, const T* u, const PackedMatrix* packed) {
   tile = checked_tile(g, tile);
   if (g.batch == 0) return;
-  if (tile == 2) return forward_tiles<2>(g, x, w, b, y, s, pool, u);
-  forward_tiles<4>(g, x, w, b, y, s, pool, u);
+  if (tile == 2) return forward_tiles<2>(g, x, w, b, y, s, pool, u, packed);
+  forward_tiles<4>(g, x, w, b, y, s, pool, u, packed);
 }
 
 template <typename T>
 void winograd_conv3x3_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
-                               ConvScratch<T>& s, ThreadPool* pool, int tile, const T* u) {
+                               ConvScratch<T>& s, ThreadPool* pool, int tile, const T* u,
+                               const PackedMatrix* packed) {
   tile = checked_tile(g, tile);
   if (g.batch == 0) return;
-  if (tile == 2) return backward_tiles<2>(g, x, w, dy, dw, db, dx, s, pool, u);
-  backward_tiles<4>(g, x, w, dy, dw, db, dx, s, pool, u);
+  if (tile == 2) return backward_tiles<2>(g, x, w, dy, dw, db, dx, s, pool, u, packed);
+  backward_tiles<4>(g, x, w, dy, dw, db, dx, s, pool, u, packed);
 }
 
 template <typename T>
@@ -587,11 +602,25 @@ void winograd_transform_weights(const ConvGeom& g, const T* w, bool turned, int 
   turned ? transform_all_weights<4, true>(g, w, u, pool) : transform_all_weights<4, false>(g, w, u, pool);
 }
 
+void pack_winograd_planes(const ConvGeom& g, bool turned, int tile, const std::vector<float>& u,
+                          std::vector<PackedMatrix>& planes, ThreadPool* pool) {
+  tile = checked_tile(g, tile);
+  const int n2 = (tile + 2) * (tile + 2), K = turned ? g.in_c : g.out_c, C = turned ? g.out_c : g.in_c;
+  DDP_CHECK(u.size() == size_t(n2) * K * C, "winograd: ", u.size(), " transformed weights for ", n2, " planes of ",
+            K, "x", C);
+  planes.resize(size_t(n2));
+  auto one = [&](int64_t xi, int) { planes[size_t(xi)].pack(false, K, C, u.data() + xi * K * C, C); };
+  if (pool && pool->size() > 1)
+    pool->parallel_for(n2, one);
+  else
+    for (int xi = 0; xi < n2; ++xi) one(xi, 0);
+}
+
 #define DDP_WINOGRAD(T)                                                                                           \
   template void winograd_conv3x3_forward<T>(const ConvGeom&, const T*, const T*, const T*, T*, ConvScratch<T>&,  \
-                                            ThreadPool*, int, const T*);                                          \
+                                            ThreadPool*, int, const T*, const PackedMatrix*);                     \
   template void winograd_conv3x3_backward<T>(const ConvGeom&, const T*, const T*, const T*, T*, T*, T*,         \
-                                             ConvScratch<T>&, ThreadPool*, int, const T*);                        \
+                                             ConvScratch<T>&, ThreadPool*, int, const T*, const PackedMatrix*);   \
   template void winograd_transform_weights<T>(const ConvGeom&, const T*, bool, int, std::vector<T>&, ThreadPool*);
 DDP_WINOGRAD(float)
 DDP_WINOGRAD(double)

@@ -16,11 +16,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
+#include "ddp/core/error.hpp"
 #include "ddp/nn/cpu_ops.hpp"
 #include "ddp/nn/gemm.hpp"
 #include "ddp/nn/im2col.hpp"
+#include "ddp/nn/packed_gemm.hpp"
 #include "ddp/nn/simd.hpp"
 #include "ddp/nn/thread_pool.hpp"
 
@@ -102,6 +105,19 @@ T row_sum(const T* p, int n) {
 #endif
 }
 
+// c (m x n) = op(w) b, the product of a layer's weights and a chunk's
+// columns: gemm_packed where the caller packed op(w) beforehand (Note
+// [packed weights]; float only), OpenBLAS otherwise.
+template <typename T>
+void weights_gemm(const PackedMatrix* packed, bool trans_w, int m, int n, int k, const T* w, int ldw, const T* b,
+                  int ldb, T* c, int ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (packed) return gemm_packed(*packed, n, b, ldb, c, ldc);
+  }
+  DDP_CHECK(!packed, "packed gemm: float only");
+  gemm(trans_w, false, m, n, k, T(1), w, ldw, b, ldb, T(0), c, ldc);
+}
+
 // Threads that may take chunks (each needs its own buffers).
 inline int conv_threads(ThreadPool* pool) { return pool ? pool->size() : 1; }
 
@@ -123,10 +139,11 @@ void for_each_chunk(ThreadPool* pool, int threads, int batch, int chunk, Fn&& fn
 }
 
 // Forward: epilogue(n0, nb, out, ld) consumes the GEMM output out[oc*ld + i*OHW + q]
-// of images [n0, n0 + nb) (ld >= nb*OHW, rows aligned).
+// of images [n0, n0 + nb) (ld >= nb*OHW, rows aligned). packed: w packed
+// (out_c x C*k*k), or nullptr.
 template <typename T, typename Epilogue>
 void conv_forward_chunks(const ConvGeom& g, const T* x, const T* w, ConvScratch<T>& s,
-                         ThreadPool* pool, Epilogue&& epilogue) {
+                         ThreadPool* pool, const PackedMatrix* packed, Epilogue&& epilogue) {
   check_conv_geom(g);
   if (g.batch == 0) return;
   const int OHW = g.out_h() * g.out_w(), ckk = g.in_c * g.k * g.k;
@@ -144,16 +161,17 @@ void conv_forward_chunks(const ConvGeom& g, const T* x, const T* w, ConvScratch<
     const int n = nb * OHW;
     const int64_t ld = aligned_stride<T>(n);
     im2col(g, x + n0 * in_img, nb, ld, col);
-    gemm(false, false, g.out_c, n, ckk, T(1), w, ckk, col, int(ld), T(0), out, int(ld));
+    weights_gemm(packed, false, g.out_c, n, ckk, w, ckk, col, int(ld), out, int(ld));
     epilogue(n0, nb, out, ld);
   });
 }
 
 // Backward: source(n0, nb, dyc, ld) writes d(loss)/d(conv output) of images
 // [n0, n0 + nb) as dyc[oc*ld + i*OHW + q]. Adds into dw, db; overwrites dx.
+// packed: w^T packed (C*k*k x out_c), or nullptr.
 template <typename T, typename Source>
 void conv_backward_chunks(const ConvGeom& g, const T* x, const T* w, T* dw, T* db, T* dx,
-                          ConvScratch<T>& s, ThreadPool* pool, Source&& source) {
+                          ConvScratch<T>& s, ThreadPool* pool, const PackedMatrix* packed, Source&& source) {
   check_conv_geom(g);
   if (g.batch == 0) return;
   const int OHW = g.out_h() * g.out_w(), ckk = g.in_c * g.k * g.k, oc = g.out_c;
@@ -193,7 +211,7 @@ void conv_backward_chunks(const ConvGeom& g, const T* x, const T* w, T* dw, T* d
     // dW += dy col^T; then col = W^T dy, d(col), for dx.
     gemm(false, true, oc, ckk, n, T(1), dyc, int(ld), col, int(ld), T(1), dw_t, ckk);
     if (dx) {
-      gemm(true, false, ckk, n, oc, T(1), w, ckk, dyc, int(ld), T(0), col, int(ld));
+      weights_gemm(packed, true, ckk, n, oc, w, ckk, dyc, int(ld), col, int(ld));
       col2im(g, col, nb, ld, dx + n0 * in_img);
     }
   };

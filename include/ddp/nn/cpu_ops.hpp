@@ -17,6 +17,8 @@ class ThreadPool;
 
 namespace ddp::nn::cpu {
 
+class PackedMatrix;
+
 // A square-kernel 2-D convolution over a batch.
 struct ConvGeom {
   int batch = 1;
@@ -42,12 +44,15 @@ struct ConvScratch {
 // conv2d over a batch, split over pool's threads by image (nullptr: the
 // calling thread alone). im2col + GEMM per chunk of images (Note [conv chunks]
 // in conv_engine.hpp), or Winograd's algorithm where it applies (below).
+// packed: for im2col's path, the weights packed beforehand (Note [packed
+// weights] in packed_gemm.hpp; float only): w (out_c x in_c*k*k) for
+// forward, w^T for backward's input gradient; nullptr: OpenBLAS packs them.
 template <typename T>
 void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
-                    ConvScratch<T>& s, ThreadPool* pool = nullptr);
+                    ConvScratch<T>& s, ThreadPool* pool = nullptr, const PackedMatrix* packed = nullptr);
 template <typename T>
 void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
-                     ConvScratch<T>& s, ThreadPool* pool = nullptr);
+                     ConvScratch<T>& s, ThreadPool* pool = nullptr, const PackedMatrix* packed = nullptr);
 
 // 3x3 convolutions with stride 1 and padding 1 by Winograd's F(2x2, 3x3) or
 // F(4x4, 3x3) (Note [winograd] in winograd_cpu.cpp): conv2d_forward and
@@ -61,14 +66,19 @@ bool winograd_applies(const ConvGeom& g);
 // kernels (winograd_transform_weights) take Winograd's path: from fewer
 // tiles than winograd_applies, and wherever it does.
 bool winograd_applies_to_shards(const ConvGeom& g);
+// u: the kernels transformed beforehand (winograd_transform_weights), or
+// nullptr; packed: u's (tile + 2)^2 planes packed (pack_winograd_planes),
+// or nullptr.
 template <typename T>
 void winograd_conv3x3_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, ConvScratch<T>& s,
-                              ThreadPool* pool = nullptr, int tile = 0, const T* u = nullptr);
+                              ThreadPool* pool = nullptr, int tile = 0, const T* u = nullptr,
+                              const PackedMatrix* packed = nullptr);
 // As conv2d_backward: adds into dw and db (nullptr: none), overwrites dx
 // (nullptr: not wanted).
 template <typename T>
 void winograd_conv3x3_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
-                               ConvScratch<T>& s, ThreadPool* pool = nullptr, int tile = 0, const T* u = nullptr);
+                               ConvScratch<T>& s, ThreadPool* pool = nullptr, int tile = 0, const T* u = nullptr,
+                               const PackedMatrix* packed = nullptr);
 // w's kernels as the two calls above transform them for `tile` (turned, for
 // backward's input gradient, with `turned`), into u: callers that run one
 // layer's weights over many small batches (micro-shards) pass u to each
@@ -76,6 +86,10 @@ void winograd_conv3x3_backward(const ConvGeom& g, const T* x, const T* w, const 
 template <typename T>
 void winograd_transform_weights(const ConvGeom& g, const T* w, bool turned, int tile, std::vector<T>& u,
                                 ThreadPool* pool = nullptr);
+// u's planes (as winograd_transform_weights made them for g, turned or not)
+// packed for gemm_packed, one PackedMatrix a plane (Note [packed weights]).
+void pack_winograd_planes(const ConvGeom& g, bool turned, int tile, const std::vector<float>& u,
+                          std::vector<PackedMatrix>& planes, ThreadPool* pool = nullptr);
 // The tile size conv2d takes for g: 4 from enough tiles, 2 below.
 int winograd_tile(const ConvGeom& g);
 

@@ -19,7 +19,10 @@
 // im2col columns included; turning the operands around (dW^T, W^T
 // pre-transposed, an im2row layout) measured no better. At that cost the
 // project takes the library over ~250 lines of intrinsics. Before bringing
-// kernels back for speed, measure against those numbers.
+// kernels back for speed, measure against those numbers. The one exception
+// is --deterministic's micro-shards, which multiply the same weights many
+// times a step: there OpenBLAS's packing on every call is what costs, and
+// gemm_packed shares one (Note [packed weights] in packed_gemm.hpp).
 #pragma once
 
 #include <cblas.h>

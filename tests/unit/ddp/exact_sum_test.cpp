@@ -2,6 +2,7 @@
 // tests/mpi/ddp/exact_sum_test.cpp checks the sums on real ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -47,6 +48,37 @@ TEST(FixedPoint, QuantizeRoundsToNearestEvenAndSkipsWhatDoesNotFit) {
   EXPECT_EQ(acc, (std::vector<int64_t>{12, 12, 8, 10, 10}));
   const float bad[2] = {1.0f, std::numeric_limits<float>::quiet_NaN()};
   EXPECT_EQ(quantize_add(bad, 2, 0, 8, acc.data()), std::numeric_limits<double>::infinity());
+}
+
+// quantize_add runs eight elements at a time where the CPU can: whatever the
+// length and wherever a tie, an overflow, a NaN or an infinity falls, it is
+// to_fixed element by element and the largest |g| (the GPU's arithmetic too).
+TEST(FixedPoint, QuantizeIsToFixedElementByElementAtAnyLength) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {0.5f, 1.5f, -2.5f, 255.0f, 256.0f, -300.0f, 1e-40f, -0.0f, nan, inf, -inf, 3.75f};
+  const int limit_bits = 8, exponent = 0;
+  const double scale = std::ldexp(1.0, exponent), limit = std::ldexp(1.0, limit_bits);
+  for (size_t n = 0; n <= 37; ++n)
+    for (size_t at = 0; at < std::max<size_t>(n, 1); at += 5)
+      for (const float special : specials) {
+        std::vector<float> g(n);
+        for (size_t i = 0; i < n; ++i) g[i] = float(int(i * 37 % 101) - 50) * 0.37f;  // ties and fractions
+        if (at < n) g[at] = special;
+        std::vector<int64_t> got(n), want(n);
+        for (size_t i = 0; i < n; ++i) got[i] = want[i] = int64_t(i) * 1000 - 7;
+        float max = 0;
+        bool finite = true;
+        for (size_t i = 0; i < n; ++i) {
+          finite &= std::isfinite(g[i]);
+          if (std::isfinite(g[i])) max = std::max(max, std::fabs(g[i]));
+          int64_t q;
+          if (fixed_point::to_fixed(g[i], scale, limit, &q)) want[i] += q;
+        }
+        const double m = quantize_add(g.data(), n, exponent, limit_bits, got.data());
+        ASSERT_EQ(got, want) << "n " << n << ", " << special << " at " << at;
+        ASSERT_EQ(m, finite ? double(max) : std::numeric_limits<double>::infinity())
+            << "n " << n << ", " << special << " at " << at;
+      }
 }
 
 // The GPU keeps a tensor's largest |g| as an integer maximum of these bits

@@ -496,7 +496,9 @@ struct WholeBatch {
 // micro-shards, on one lane or several, is the same computation as the whole
 // batch (BatchNorm over all of it), and each micro-shard's logits and
 // gradients are the same bits whichever lane ran it and however many there
-// are (LeNet's fused conv-relu-pool keeps its ReLU mask per image for that).
+// are (LeNet's fused conv-relu-pool keeps its ReLU mask per image for that;
+// the tiny ResNet's convolutions, on AVX-512, multiply weights packed once
+// for all the micro-shards: Note [packed weights]).
 TEST(Model, MicroShardsOnLanesComputeWhatTheWholeBatchDoes) {
   constexpr int kBatch = 12, kShard = 3, kShards = kBatch / kShard, kEval = 11;
   for (const bool resnet : {true, false}) {

@@ -1,0 +1,114 @@
+// gemm_packed (Note [packed weights] in packed_gemm.hpp): an 8 x 32
+// register tile, 16 AVX-512 accumulators, over A's packed panels and a
+// 32-column strip of B copied into an aligned block.
+#include "ddp/nn/packed_gemm.hpp"
+
+#include <algorithm>
+
+#include "ddp/core/error.hpp"
+#include "ddp/nn/thread_pool.hpp"
+
+namespace ddp::nn::cpu {
+
+void PackedMatrix::pack(bool trans, int m, int k, const float* a, int lda, ThreadPool* pool) {
+  DDP_CHECK(m >= 0 && k >= 0, "packed gemm: bad shape ", m, "x", k);
+  m_ = m;
+  k_ = k;
+  const int panels = (m + kRows - 1) / kRows;
+  data_.resize(size_t(panels) * size_t(k) * kRows);
+  auto one = [&](int64_t p, int) {
+    float* out = data_.data() + size_t(p) * size_t(k) * kRows;
+    const int i0 = int(p) * kRows, rows = std::min(kRows, m - i0);
+    for (int j = 0; j < k; ++j, out += kRows) {
+      for (int r = 0; r < rows; ++r) out[r] = trans ? a[size_t(j) * lda + i0 + r] : a[size_t(i0 + r) * lda + j];
+      for (int r = rows; r < kRows; ++r) out[r] = 0.0f;
+    }
+  };
+  if (pool && pool->size() > 1 && panels > 1)
+    pool->parallel_for(panels, one);
+  else
+    for (int p = 0; p < panels; ++p) one(p, 0);
+}
+
+#if DDP_NN_SIMD
+namespace {
+
+constexpr int kCols = 32;  // a strip: two vectors
+
+// One row of the tile: the first block stores, later ones add (in order).
+template <bool First>
+inline void put(float* c, __mmask16 m0, __mmask16 m1, __m512 v0, __m512 v1) {
+  if (!First) {
+    v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, c), v0);
+    v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, c + 16), v1);
+  }
+  _mm512_mask_storeu_ps(c, m0, v0);
+  _mm512_mask_storeu_ps(c + 16, m1, v1);
+}
+
+// c's rows [0, rows) x the strip's columns (masks m0, m1) = (or +=) the
+// panel's block times b's block (kc x kCols, contiguous). The accumulators
+// are named one by one so that they stay in registers.
+template <bool First>
+void tile(int kc, const float* a, const float* b, float* c, int ldc, int rows, __mmask16 m0, __mmask16 m1) {
+  constexpr int R = PackedMatrix::kRows;
+  static_assert(R == 8, "the tile below spells out 8 rows");
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+         c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+  for (int k = 0; k < kc; ++k, a += R, b += kCols) {
+    const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+#define DDP_ROW(r)                                  \
+  {                                                 \
+    const __m512 av = _mm512_set1_ps(a[r]);         \
+    c##r##0 = _mm512_fmadd_ps(av, b0, c##r##0);     \
+    c##r##1 = _mm512_fmadd_ps(av, b1, c##r##1);     \
+  }
+    DDP_ROW(0) DDP_ROW(1) DDP_ROW(2) DDP_ROW(3) DDP_ROW(4) DDP_ROW(5) DDP_ROW(6) DDP_ROW(7)
+#undef DDP_ROW
+  }
+  const __m512 out[R][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31},
+                            {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
+  for (int r = 0; r < rows; ++r) put<First>(c + size_t(r) * ldc, m0, m1, out[r][0], out[r][1]);
+}
+
+}  // namespace
+
+void gemm_packed(const PackedMatrix& a, int n, const float* b, int ldb, float* c, int ldc) {
+  constexpr int R = PackedMatrix::kRows, D = PackedMatrix::kDepth;
+  const int m = a.rows(), depth = a.depth(), panels = (m + R - 1) / R;
+  DDP_CHECK(n >= 0 && ldb >= n && ldc >= n, "packed gemm: n=", n, " ldb=", ldb, " ldc=", ldc);
+  if (m == 0 || n == 0) return;
+  if (depth == 0) {
+    for (int i = 0; i < m; ++i) std::fill(c + size_t(i) * ldc, c + size_t(i) * ldc + n, 0.0f);
+    return;
+  }
+  alignas(64) float strip[D * kCols];
+  for (int k0 = 0; k0 < depth; k0 += D) {
+    const int kc = std::min(D, depth - k0);
+    for (int j = 0; j < n; j += kCols) {
+      const __mmask16 m0 = simd::lanes<float>(0, n - j), m1 = simd::lanes<float>(0, n - j - 16);
+      // B's block, zero past n: the kernel's loads never depend on n.
+      for (int k = 0; k < kc; ++k) {
+        const float* row = b + size_t(k0 + k) * ldb + j;
+        _mm512_store_ps(strip + k * kCols, _mm512_maskz_loadu_ps(m0, row));
+        _mm512_store_ps(strip + k * kCols + 16, _mm512_maskz_loadu_ps(m1, row + 16));
+      }
+      for (int p = 0; p < panels; ++p) {
+        const float* ap = a.panel(p) + size_t(k0) * R;
+        float* cp = c + size_t(p) * R * ldc + j;
+        const int rows = std::min(R, m - p * R);
+        if (k0 == 0)
+          tile<true>(kc, ap, strip, cp, ldc, rows, m0, m1);
+        else
+          tile<false>(kc, ap, strip, cp, ldc, rows, m0, m1);
+      }
+    }
+  }
+}
+#else
+void gemm_packed(const PackedMatrix&, int, const float*, int, float*, int) {
+  DDP_FAIL("packed gemm: this build has no AVX-512 kernel (kPackedGemm is false)");
+}
+#endif
+
+}  // namespace ddp::nn::cpu
