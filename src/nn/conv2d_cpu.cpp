@@ -23,7 +23,7 @@ void check_conv_geom(const ConvGeom& g) {
 template <typename T>
 void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
                     ConvScratch<T>& s, ThreadPool* pool, const PackedMatrix* packed) {
-  if (winograd_applies(g)) return winograd_conv3x3_forward(g, x, w, b, y, s, pool);
+  if (!packed && winograd_applies(g)) return winograd_conv3x3_forward(g, x, w, b, y, s, pool);
   const int OHW = g.out_h() * g.out_w();
   const int64_t out_img = int64_t(g.out_c) * OHW;
   conv_forward_chunks(g, x, w, s, pool, packed, [&](int n0, int nb, const T* out, int64_t ld) {
@@ -39,10 +39,12 @@ void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
   });
 }
 
+namespace {
+
+// im2col's backward, dy gathered from NCHW.
 template <typename T>
-void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
+void im2col_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
                      ConvScratch<T>& s, ThreadPool* pool, const PackedMatrix* packed) {
-  if (winograd_applies(g)) return winograd_conv3x3_backward(g, x, w, dy, dw, db, dx, s, pool);
   const int OHW = g.out_h() * g.out_w();
   const int64_t out_img = int64_t(g.out_c) * OHW;
   conv_backward_chunks(g, x, w, dw, db, dx, s, pool, packed, [&](int n0, int nb, T* dyc, int64_t ld) {
@@ -55,12 +57,31 @@ void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* 
   });
 }
 
+}  // namespace
+
+template <typename T>
+void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
+                     ConvScratch<T>& s, ThreadPool* pool, const PackedMatrix* packed) {
+  if (!packed && winograd_applies(g)) return winograd_conv3x3_backward(g, x, w, dy, dw, db, dx, s, pool);
+  im2col_backward(g, x, w, dy, dw, db, dx, s, pool, packed);
+}
+
+template <typename T>
+void conv2d_weight_grad_im2col(const ConvGeom& g, const T* x, const T* dy, T* dw, T* db, ConvScratch<T>& s) {
+  DDP_CHECK(dw, "conv2d: a weight gradient without dw");
+  im2col_backward<T>(g, x, nullptr, dy, dw, db, nullptr, s, nullptr, nullptr);
+}
+
 template void conv2d_forward<float>(const ConvGeom&, const float*, const float*, const float*,
                                     float*, ConvScratch<float>&, ThreadPool*, const PackedMatrix*);
 template void conv2d_forward<double>(const ConvGeom&, const double*, const double*, const double*,
                                      double*, ConvScratch<double>&, ThreadPool*, const PackedMatrix*);
 template void conv2d_backward<float>(const ConvGeom&, const float*, const float*, const float*,
                                      float*, float*, float*, ConvScratch<float>&, ThreadPool*, const PackedMatrix*);
+template void conv2d_weight_grad_im2col<float>(const ConvGeom&, const float*, const float*, float*, float*,
+                                               ConvScratch<float>&);
+template void conv2d_weight_grad_im2col<double>(const ConvGeom&, const double*, const double*, double*, double*,
+                                                ConvScratch<double>&);
 template void conv2d_backward<double>(const ConvGeom&, const double*, const double*,
                                       const double*, double*, double*, double*,
                                       ConvScratch<double>&, ThreadPool*, const PackedMatrix*);

@@ -94,11 +94,15 @@ class Conv final : public Kernel {
   // backward) (Note [packed weights] in packed_gemm.hpp). A call on a lane
   // takes them where its own micro-shard's size gives the same path and
   // tile size (evaluation's last micro-shard may be smaller); a call that
-  // does not, conv2d's path for its size.
+  // does not, conv2d's path for its size. With the packed GEMM a call may
+  // hold a run of whole micro-shards (Note [shard runs] in device.hpp): it
+  // takes the micro-shard's path and tile size whatever its own size.
   void begin_shards(const OpArgs& whole, int shard, bool backward) override {
     const cpu::ConvGeom g = conv_geom(op_, shard);
     phase_ = backward ? Phase::Backward : Phase::Forward;
+    shard_ = shard;
     winograd_ = cpu::winograd_applies_to_shards(g);
+    weight_grad_im2col_ = winograd_ && cpu::shard_weight_grad_by_im2col(g);
     if (winograd_) {
       tile_ = cpu::winograd_tile(g);
       cpu::winograd_transform_weights(g, whole.p[0], backward, tile_, kernels_, lanes_.pool);
@@ -112,6 +116,7 @@ class Conv final : public Kernel {
         packed_[0].pack(false, g.out_c, ckk, whole.p[0], ckk, lanes_.pool);
     }
   }
+  bool shards_in_one_call() const override { return cpu::kPackedGemm; }
   void forward(const OpArgs& a) override {
     const cpu::ConvGeom g = conv_geom(op_, a.batch);
     switch (shared(a, g, Phase::Forward)) {
@@ -128,6 +133,14 @@ class Conv final : public Kernel {
     const cpu::ConvGeom g = conv_geom(op_, a.batch);
     switch (shared(a, g, Phase::Backward)) {
       case Path::Winograd:
+        // A micro-shard's weight gradient, where Winograd's would be too
+        // shallow, by im2col's path (shard_weight_grad_by_im2col).
+        if (weight_grad_im2col_ && a.dp[0] && a.batch == shard_) {
+          cpu::conv2d_weight_grad_im2col(g, a.x[0], dy, a.dp[0], a.dp[1], lanes_.of(a));
+          if (!dx[0]) return;
+          return cpu::winograd_conv3x3_backward<float>(g, a.x[0], a.p[0], dy, nullptr, nullptr, dx[0], lanes_.of(a),
+                                                       nullptr, tile_, kernels_.data(), packed());
+        }
         return cpu::winograd_conv3x3_backward(g, a.x[0], a.p[0], dy, a.dp[0], a.dp[1], dx[0], lanes_.of(a), nullptr,
                                               tile_, kernels_.data(), packed());
       case Path::Im2col:
@@ -146,6 +159,7 @@ class Conv final : public Kernel {
   enum class Path { Winograd, Im2col, Own };
   Path shared(const OpArgs& a, const cpu::ConvGeom& g, Phase phase) const {
     if (a.lane < 0 || phase_ != phase) return Path::Own;
+    if (winograd_ && cpu::kPackedGemm && a.batch % shard_ == 0) return Path::Winograd;  // whole micro-shards
     if (winograd_)
       return cpu::winograd_applies_to_shards(g) && cpu::winograd_tile(g) == tile_ ? Path::Winograd : Path::Own;
     // Fewer images than the shard's never reach Winograd's path.
@@ -155,7 +169,8 @@ class Conv final : public Kernel {
   const Op& op_;
   LaneScratch lanes_;
   Phase phase_ = Phase::None;  // what the members below hold, for the lanes after the last begin_shards
-  bool winograd_ = false;
+  int shard_ = 0;
+  bool winograd_ = false, weight_grad_im2col_ = false;
   int tile_ = 0;
   std::vector<float> kernels_;
   std::vector<cpu::PackedMatrix> packed_;  // kernels_'s planes, or w (w^T backward), packed

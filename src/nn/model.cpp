@@ -220,14 +220,31 @@ const float* Model::forward(const float* x, int batch, Mode mode, int shard) {
     } else {
       kernels_[i]->begin_lanes(batch);
       kernels_[i]->begin_shards(a, shard, /*backward=*/false);
-      device_.for_lanes(shards,
-                        [&](int64_t k, int lane) { kernels_[i]->forward(shard_args(i, a, k, shard, lane)); });
+      if (kernels_[i]->shards_in_one_call()) {  // Note [shard runs]
+        const std::vector<ShardRun> runs = shard_runs_on_lanes(batch, shard, device_.lanes());
+        device_.for_lanes(int64_t(runs.size()), [&](int64_t r, int lane) {
+          kernels_[i]->forward(shard_args(i, a, runs[size_t(r)].first, shard, lane, runs[size_t(r)].count));
+        });
+      } else {
+        device_.for_lanes(shards,
+                          [&](int64_t k, int lane) { kernels_[i]->forward(shard_args(i, a, k, shard, lane)); });
+      }
     }
     if (half_op(i)) device_.round(a.y, a.y, size_t(batch) * size_t(op.out.numel()), precision_);
   }
   last_batch_ = mode == Mode::Train ? batch : -1;
   last_shard_ = shard;
   return value(graph_.output);
+}
+
+std::vector<ShardRun> shard_runs_on_lanes(int batch, int shard, int lanes) {
+  DDP_CHECK(batch >= 0 && shard > 0 && lanes > 0, "micro-shard runs: batch ", batch, ", shard ", shard, ", lanes ",
+            lanes);
+  const int64_t whole = batch / shard, runs = std::min<int64_t>(lanes, whole);
+  std::vector<ShardRun> out;
+  for (int64_t r = 0; r < runs; ++r) out.push_back({r * whole / runs, (r + 1) * whole / runs - r * whole / runs});
+  if (batch % shard) out.push_back({whole, 1});
+  return out;
 }
 
 ShardRuns shard_runs(const OpArgs& a, int64_t image_floats, size_t width, const std::string& op) {
@@ -241,11 +258,11 @@ ShardRuns shard_runs(const OpArgs& a, int64_t image_floats, size_t width, const 
   return r;
 }
 
-OpArgs Model::shard_args(size_t i, const OpArgs& a, int64_t k, int shard, int lane) const {
+OpArgs Model::shard_args(size_t i, const OpArgs& a, int64_t k, int shard, int lane, int64_t count) const {
   const Op& op = graph_.ops[i];
   const int64_t first = k * shard;
   OpArgs part = a;
-  part.batch = int(std::min<int64_t>(shard, a.batch - first));
+  part.batch = int(std::min<int64_t>(count * shard, a.batch - first));
   part.shard = 0;
   part.lane = lane;
   part.first = first;
@@ -339,13 +356,29 @@ void Model::run_backward(const float* dlogits, int batch, const std::function<vo
       // Note [lanes]: each lane's parameter gradients in its own buffer.
       const size_t base = ps.empty() ? 0 : graph_.params[ps.front()].offset;
       kernels_[i]->begin_shards(args_[i], last_shard_, /*backward=*/true);
+      const auto dx_of = [&](const OpArgs& part) {
+        std::vector<float*> d = dx;
+        for (size_t j = 0; j < op.inputs.size(); ++j)
+          if (d[j]) d[j] += part.first * graph_.values[size_t(op.inputs[j])].numel();
+        return d;
+      };
+      // Note [shard runs]: the input gradients a run of micro-shards at a
+      // time, then the parameter gradients one micro-shard at a time.
+      const bool runs = kernels_[i]->shards_in_one_call() &&
+                        std::any_of(dx.begin(), dx.end(), [](const float* d) { return d != nullptr; });
+      if (runs) {
+        const std::vector<ShardRun> r = shard_runs_on_lanes(batch, last_shard_, device_.lanes());
+        device_.for_lanes(int64_t(r.size()), [&](int64_t k, int lane) {
+          OpArgs part = shard_args(i, args_[i], r[size_t(k)].first, last_shard_, lane, r[size_t(k)].count);
+          std::fill(part.dp.begin(), part.dp.end(), nullptr);
+          kernels_[i]->backward(part, dy + part.first * graph_.values[i + 1].numel(), dx_of(part));
+        });
+      }
       device_.for_lanes(batch / last_shard_, [&](int64_t k, int lane) {
         OpArgs part = shard_args(i, args_[i], k, last_shard_, lane);
         float* g = lane_grads_[size_t(lane)]->data();
         for (size_t j = 0; j < ps.size(); ++j) part.dp[j] = g + (graph_.params[ps[j]].offset - base);
-        std::vector<float*> dx_part = dx;
-        for (size_t j = 0; j < op.inputs.size(); ++j)
-          if (dx_part[j]) dx_part[j] += part.first * graph_.values[size_t(op.inputs[j])].numel();
+        const std::vector<float*> dx_part = runs ? std::vector<float*>(dx.size(), nullptr) : dx_of(part);
         kernels_[i]->backward(part, dy + part.first * graph_.values[i + 1].numel(), dx_part);
         if (half_op(i) && !ps.empty()) device_.round(g, g, param_span(i).second, precision_);
         if (!ps.empty()) take_grads(i, g, lane, *to);

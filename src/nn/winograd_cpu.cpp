@@ -85,6 +85,18 @@ constexpr int64_t kWinogradTile4Columns = 96;
 // 12.7 (winograd_applies_to_shards).
 constexpr int64_t kWinogradMinShardColumns = 32;
 
+// A micro-shard's weight gradient on Winograd's path is N^2 GEMMs as deep as
+// the shard has tiles, whose K x C outputs are written, then transformed
+// back to 9 x K x C: at 512 channels 17 MB a shard for F(2x2). im2col's
+// writes the 9 x K x C directly, from GEMMs four times as deep (a 2x2 block's
+// pixels). Weight gradient alone, F(2x2) against im2col, 1 thread, AVX-512
+// EPYC (two such processes at once: the ranks of -np 2 on two cores): 512
+// channels on 4x4, 8 images (32 blocks) 7.9 to 8.9 ms against 6.6 to 7.1;
+// 16 images (64 blocks) 12.2 against 13.5; 256 channels on 7x7, 4 images
+// (64 blocks) 2.70 against 2.35; 128 on 14x14, 1 image (49 blocks) 0.50
+// against 0.59. Below 48 blocks im2col's (shard_weight_grad_by_im2col).
+constexpr int64_t kWinogradMinShardWeightGradColumns = 48;
+
 // F(MxM, 3x3) along one axis of a block (N = M + 2 values): B^T for the
 // input (N -> N), A^T for the output (N -> M), G for the kernel (3 -> N),
 // and the adjoints backward takes, A (M -> N) and G^T (N -> 3). F(2x2, 3x3)
@@ -535,7 +547,7 @@ template <int M, typename T>
 void backward_tiles(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx, ConvScratch<T>& s,
                     ThreadPool* pool, const T* pre, const PackedMatrix* packed) {
   const Tiles t = tiles_of(M, g.in_h, g.in_w);
-  winograd_weight_grad<M>(g.batch, g.in_c, g.out_c, t, x, dy, dw, db, s, pool);
+  if (dw) winograd_weight_grad<M>(g.batch, g.in_c, g.out_c, t, x, dy, dw, db, s, pool);
   if (!dx) return;
   if (!pre && !packed) {
     transform_all_weights<M, /*Flip=*/true>(g, w, s.winograd_weights, pool);
@@ -562,6 +574,10 @@ bool winograd_applies_to_shards(const ConvGeom& g) {
 }
 
 int winograd_tile(const ConvGeom& g) { return output_blocks(g) >= kWinogradTile4Columns ? 4 : 2; }
+
+bool shard_weight_grad_by_im2col(const ConvGeom& g) {
+  return output_blocks(g) < kWinogradMinShardWeightGradColumns;
+}
 
 namespace {
 

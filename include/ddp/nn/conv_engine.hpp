@@ -167,8 +167,9 @@ void conv_forward_chunks(const ConvGeom& g, const T* x, const T* w, ConvScratch<
 }
 
 // Backward: source(n0, nb, dyc, ld) writes d(loss)/d(conv output) of images
-// [n0, n0 + nb) as dyc[oc*ld + i*OHW + q]. Adds into dw, db; overwrites dx.
-// packed: w^T packed (C*k*k x out_c), or nullptr.
+// [n0, n0 + nb) as dyc[oc*ld + i*OHW + q]. Adds into dw, db (nullptr: none;
+// db only with dw); overwrites dx (nullptr: not wanted). packed: w^T packed
+// (C*k*k x out_c), or nullptr.
 template <typename T, typename Source>
 void conv_backward_chunks(const ConvGeom& g, const T* x, const T* w, T* dw, T* db, T* dx,
                           ConvScratch<T>& s, ThreadPool* pool, const PackedMatrix* packed, Source&& source) {
@@ -188,7 +189,7 @@ void conv_backward_chunks(const ConvGeom& g, const T* x, const T* w, T* dw, T* d
   // run matches an uninterrupted one).
   const int64_t chunks = (g.batch + chunk - 1) / chunk;
   const int groups = int(std::min<int64_t>(threads, chunks));
-  if (groups > 1) {
+  if (groups > 1 && dw) {
     if (int(s.grad.size()) < groups) s.grad.resize(groups);
     for (int k = 0; k < groups; ++k) s.grad[k].assign(grad_size, T(0));
   }
@@ -200,16 +201,18 @@ void conv_backward_chunks(const ConvGeom& g, const T* x, const T* w, T* dw, T* d
     T* dyc = col + int64_t(ckk) * max_ld;
     // One group adds straight into the caller's gradients, several into
     // their own partial sums.
-    T* dw_t = groups == 1 ? dw : s.grad[group].data();
-    T* db_t = groups == 1 ? db : (db ? s.grad[group].data() + size_t(oc) * ckk : nullptr);
+    T* dw_t = !dw ? nullptr : groups == 1 ? dw : s.grad[group].data();
+    T* db_t = !dw || !db ? nullptr : groups == 1 ? db : s.grad[group].data() + size_t(oc) * ckk;
     const int n = nb * OHW;
     const int64_t ld = aligned_stride<T>(n);
     source(n0, nb, dyc, ld);
     if (db_t)
       for (int o = 0; o < oc; ++o) db_t[o] += row_sum(dyc + int64_t(o) * ld, n);
-    im2col(g, x + n0 * in_img, nb, ld, col);
     // dW += dy col^T; then col = W^T dy, d(col), for dx.
-    gemm(false, true, oc, ckk, n, T(1), dyc, int(ld), col, int(ld), T(1), dw_t, ckk);
+    if (dw_t) {
+      im2col(g, x + n0 * in_img, nb, ld, col);
+      gemm(false, true, oc, ckk, n, T(1), dyc, int(ld), col, int(ld), T(1), dw_t, ckk);
+    }
     if (dx) {
       weights_gemm(packed, true, ckk, n, oc, w, ckk, dyc, int(ld), col, int(ld));
       col2im(g, col, nb, ld, dx + n0 * in_img);
@@ -223,7 +226,7 @@ void conv_backward_chunks(const ConvGeom& g, const T* x, const T* w, T* dw, T* d
     return;
   }
   pool->parallel_for(groups, run_group);
-  for (int k = 0; k < groups; ++k) {
+  for (int k = 0; k < groups && dw; ++k) {
     const T* part = s.grad[k].data();
     for (size_t i = 0; i < size_t(oc) * ckk; ++i) dw[i] += part[i];
     if (db)

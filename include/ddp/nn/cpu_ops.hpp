@@ -44,15 +44,21 @@ struct ConvScratch {
 // conv2d over a batch, split over pool's threads by image (nullptr: the
 // calling thread alone). im2col + GEMM per chunk of images (Note [conv chunks]
 // in conv_engine.hpp), or Winograd's algorithm where it applies (below).
-// packed: for im2col's path, the weights packed beforehand (Note [packed
-// weights] in packed_gemm.hpp; float only): w (out_c x in_c*k*k) for
-// forward, w^T for backward's input gradient; nullptr: OpenBLAS packs them.
+// packed: im2col's path whatever winograd_applies says, with the weights
+// packed beforehand (Note [packed weights] in packed_gemm.hpp; float only):
+// w (out_c x in_c*k*k) for forward, w^T for backward's input gradient;
+// nullptr: OpenBLAS packs them. backward adds into dw and db (nullptr:
+// none; db only with dw), overwrites dx (nullptr: not wanted).
 template <typename T>
 void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
                     ConvScratch<T>& s, ThreadPool* pool = nullptr, const PackedMatrix* packed = nullptr);
 template <typename T>
 void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
                      ConvScratch<T>& s, ThreadPool* pool = nullptr, const PackedMatrix* packed = nullptr);
+// Only conv2d_backward's weight and bias gradients (db may be nullptr), by
+// im2col's path whatever winograd_applies says, on the calling thread.
+template <typename T>
+void conv2d_weight_grad_im2col(const ConvGeom& g, const T* x, const T* dy, T* dw, T* db, ConvScratch<T>& s);
 
 // 3x3 convolutions with stride 1 and padding 1 by Winograd's F(2x2, 3x3) or
 // F(4x4, 3x3) (Note [winograd] in winograd_cpu.cpp): conv2d_forward and
@@ -73,8 +79,8 @@ template <typename T>
 void winograd_conv3x3_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, ConvScratch<T>& s,
                               ThreadPool* pool = nullptr, int tile = 0, const T* u = nullptr,
                               const PackedMatrix* packed = nullptr);
-// As conv2d_backward: adds into dw and db (nullptr: none), overwrites dx
-// (nullptr: not wanted).
+// As conv2d_backward: adds into dw and db (nullptr: none; db only with dw),
+// overwrites dx (nullptr: not wanted).
 template <typename T>
 void winograd_conv3x3_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
                                ConvScratch<T>& s, ThreadPool* pool = nullptr, int tile = 0, const T* u = nullptr,
@@ -92,6 +98,11 @@ void pack_winograd_planes(const ConvGeom& g, bool turned, int tile, const std::v
                           std::vector<PackedMatrix>& planes, ThreadPool* pool = nullptr);
 // The tile size conv2d takes for g: 4 from enough tiles, 2 below.
 int winograd_tile(const ConvGeom& g);
+// Whether micro-shards of g.batch samples on Winograd's path
+// (winograd_applies_to_shards) take their weight gradients by im2col's
+// path instead (conv2d_weight_grad_im2col): where Winograd's GEMMs would be
+// too shallow to repay writing and transforming back their N^2 planes.
+bool shard_weight_grad_by_im2col(const ConvGeom& g);
 
 // conv2d -> ReLU -> 2x2 average pooling (stride 2, floor), fused: the conv
 // output never leaves cache; what backward needs of it is one bit per element

@@ -45,6 +45,16 @@ enum class Mode { Train, Eval };
 // lane takes it and however many lanes there are: the same bits at one rank
 // of many threads as at many ranks of one. Each lane's parameter gradients go
 // to a buffer of its own (Model::backward_shards).
+//
+// Note [shard runs]: a kernel whose samples do not depend on the rest of
+// their call's batch may take a lane's micro-shards in one call
+// (Kernel::shards_in_one_call): a CPU convolution on the packed GEMM, whose
+// every output element is the same float whatever columns sit beside it
+// (Note [packed weights] in packed_gemm.hpp), on the path and tile size its
+// micro-shard's size chose. Its weights are then read once a run rather than
+// once a micro-shard: ResNet-18's 512-channel layers stream 17 MB of them a
+// call. Only the weight and bias gradients, summed per micro-shard, still
+// take a call each. Evaluation's last, smaller micro-shard is a call alone.
 struct OpArgs {
   int batch = 0;
   Mode mode = Mode::Train;
@@ -114,6 +124,14 @@ struct ShardRuns {
 };
 ShardRuns shard_runs(const OpArgs& a, int64_t image_floats, size_t width, const std::string& op);
 
+// Note [shard runs]: the calls that cover a batch of micro-shards of `shard`
+// samples on `lanes` lanes: the whole micro-shards in one contiguous run a
+// lane, as even as they split, then evaluation's last, smaller one alone.
+struct ShardRun {
+  int64_t first = 0, count = 0;  // in micro-shards
+};
+std::vector<ShardRun> shard_runs_on_lanes(int batch, int shard, int lanes);
+
 class Kernel {
  public:
   virtual ~Kernel() = default;
@@ -135,6 +153,14 @@ class Kernel {
     (void)shard;
     (void)backward;
   }
+  // Note [shard runs]: true when, after begin_shards, one call on a lane
+  // with a run of whole micro-shards computes every sample's output (and
+  // backward's input gradient) bit for bit as calls of one micro-shard each
+  // would. Model then gives each lane one run, and asks for the parameter
+  // gradients, which are summed per micro-shard, in calls of one micro-shard
+  // with no input gradient; the runs' backward calls get nullptr in every
+  // a.dp, for no parameter gradient.
+  virtual bool shards_in_one_call() const { return false; }
   // Note [mixed precision] (precision.hpp): a convolution's or linear
   // layer's kernel that computes in p itself, making every rounding autocast
   // makes (the GPU's: Note [half kernels]), returns true, and Model then

@@ -116,9 +116,10 @@ class Model {
   float* value(int v);  // an op's output (v >= 1)
   void run_backward(const float* dlogits, int batch, const std::function<void(size_t)>& on_ready,
                     ShardGradients* to);
-  // Op i's arguments for micro-shard k of `shard` samples of a's batch (the
-  // last one shorter where the batch ends first), on lane `lane`.
-  OpArgs shard_args(size_t i, const OpArgs& a, int64_t k, int shard, int lane) const;
+  // Op i's arguments for micro-shards k .. k + count - 1 of `shard` samples
+  // of a's batch (the last one shorter where the batch ends first), on lane
+  // `lane`.
+  OpArgs shard_args(size_t i, const OpArgs& a, int64_t k, int shard, int lane, int64_t count = 1) const;
   // Hands op i's parameter gradients in g (laid out from its first
   // parameter's offset) to `to` from lane `lane`, and zeroes them.
   void take_grads(size_t i, float* g, int lane, ShardGradients& to);

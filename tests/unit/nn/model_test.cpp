@@ -561,9 +561,12 @@ TEST(Model, MicroShardsOnLanesComputeWhatTheWholeBatchDoes) {
 // A convolution whose micro-shards take Winograd's path only because they
 // share one transform of the kernels (Kernel::begin_shards): 16 channels on
 // 4x4 images, micro-shards of 8 (32 2x2 blocks: winograd_applies_to_shards,
-// not winograd_applies). Each micro-shard's logits and gradients are one
-// lane's bits at one lane or two, and they add up to the whole batch's; the
-// evaluation's last, smaller micro-shard (6 images) takes im2col's path.
+// not winograd_applies), their weight gradients by im2col's path
+// (shard_weight_grad_by_im2col). Each micro-shard's logits and gradients are
+// one lane's bits at one lane or two (on AVX-512, one call of three
+// micro-shards against calls of one and two: Note [shard runs]), and they
+// add up to the whole batch's; the evaluation's last, smaller micro-shard (6
+// images) takes im2col's path.
 TEST(Model, MicroShardsSharingWinogradKernelsAreOneLanesBits) {
   constexpr int kBatch = 24, kShard = 8, kEval = 22, kClasses = 5;
   const auto graph = [] {
@@ -574,6 +577,7 @@ TEST(Model, MicroShardsSharingWinogradKernelsAreOneLanesBits) {
   const cpu::ConvGeom g = test::conv_geom(kShard, 16, 4, 4, 16, 3, 1, 1);
   ASSERT_TRUE(cpu::winograd_applies_to_shards(g));
   ASSERT_FALSE(cpu::winograd_applies(g));
+  ASSERT_TRUE(cpu::shard_weight_grad_by_im2col(g));
   const Batch b = random_batch(kBatch, 21, 256, kClasses);
   const WholeBatch w(graph(), b, kBatch, kEval, kClasses);
 
@@ -604,6 +608,28 @@ TEST(Model, MicroShardsSharingWinogradKernelsAreOneLanesBits) {
       EXPECT_EQ(taken.shards, first_shards);
     }
   }
+}
+
+// Note [shard runs]: every micro-shard in exactly one call, the whole ones
+// in one contiguous run a lane, as even as they split, and an evaluation's
+// last, smaller micro-shard in a call of its own.
+TEST(Model, ShardRunsCoverTheBatchOneRunALane) {
+  struct Case {
+    int batch, shard, lanes;
+    std::vector<std::pair<int64_t, int64_t>> runs;  // first, count
+  };
+  const Case cases[] = {{128, 8, 1, {{0, 16}}},
+                        {64, 8, 2, {{0, 4}, {4, 4}}},
+                        {12, 3, 3, {{0, 1}, {1, 1}, {2, 2}}},
+                        {11, 3, 2, {{0, 1}, {1, 2}, {3, 1}}},
+                        {8, 8, 4, {{0, 1}}},
+                        {2, 3, 2, {{0, 1}}}};
+  for (const Case& c : cases) {
+    std::vector<std::pair<int64_t, int64_t>> got;
+    for (const ShardRun& r : shard_runs_on_lanes(c.batch, c.shard, c.lanes)) got.emplace_back(r.first, r.count);
+    EXPECT_EQ(got, c.runs) << c.batch << " in shards of " << c.shard << " on " << c.lanes << " lanes";
+  }
+  EXPECT_THROW(shard_runs_on_lanes(8, 0, 1), Error);
 }
 
 TEST(Model, BackwardNeedsATrainingForwardOfTheBatch) {
