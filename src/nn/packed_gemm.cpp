@@ -10,6 +10,33 @@
 
 namespace ddp::nn::cpu {
 
+namespace {
+
+#if DDP_NN_SIMD
+// Rows a[0 .. 7] (lda apart), columns 0 .. 7, into out as 8 groups of 8: a
+// panel's 8 values of column 0, then of column 1, ... (an 8 x 8 transpose).
+inline void transpose8(const float* a, size_t lda, float* out) {
+  __m256 r[8], t[8], s[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(a + i * lda);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    s[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(out + i * 8, _mm256_permute2f128_ps(s[i], s[i + 4], 0x20));
+    _mm256_storeu_ps(out + (i + 4) * 8, _mm256_permute2f128_ps(s[i], s[i + 4], 0x31));
+  }
+}
+#endif
+
+}  // namespace
+
 void PackedMatrix::pack(bool trans, int m, int k, const float* a, int lda, ThreadPool* pool) {
   DDP_CHECK(m >= 0 && k >= 0, "packed gemm: bad shape ", m, "x", k);
   m_ = m;
@@ -19,7 +46,14 @@ void PackedMatrix::pack(bool trans, int m, int k, const float* a, int lda, Threa
   auto one = [&](int64_t p, int) {
     float* out = data_.data() + size_t(p) * size_t(k) * kRows;
     const int i0 = int(p) * kRows, rows = std::min(kRows, m - i0);
-    for (int j = 0; j < k; ++j, out += kRows) {
+    int j = 0;
+#if DDP_NN_SIMD
+    // A full panel of a row-major a: 8 x 8 blocks, each a vector transpose.
+    static_assert(kRows == 8, "transpose8 packs panels of 8 rows");
+    if (!trans && rows == kRows)
+      for (; j + 8 <= k; j += 8, out += 8 * kRows) transpose8(a + size_t(i0) * lda + j, size_t(lda), out);
+#endif
+    for (; j < k; ++j, out += kRows) {
       for (int r = 0; r < rows; ++r) out[r] = trans ? a[size_t(j) * lda + i0 + r] : a[size_t(i0 + r) * lda + j];
       for (int r = rows; r < kRows; ++r) out[r] = 0.0f;
     }
