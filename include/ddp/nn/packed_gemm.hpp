@@ -17,7 +17,9 @@
 // chain of fused multiply-adds from zero, and the blocks' sums are added to C
 // in order. Every element of C is therefore the same float whatever n is and
 // wherever its column sits among the others: no edge case takes another
-// order (tests: packed_gemm_test.cpp).
+// order (tests: packed_gemm_test.cpp). That is what lets a lane take all its
+// micro-shards of a convolution in one call (Note [shard runs] in
+// device.hpp).
 //
 // The kernel is AVX-512 (nn/simd.hpp); kPackedGemm says whether this build
 // has it. Without it callers keep OpenBLAS.
