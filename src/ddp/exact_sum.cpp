@@ -11,7 +11,6 @@
 #include "ddp/core/error.hpp"
 #include "ddp/ddp/fixed_point.hpp"  // to_fixed, from_fixed: the GPU's arithmetic too
 #include "ddp/nn/device.hpp"        // sum_in_shard_order
-#include "ddp/nn/simd.hpp"          // the AVX-512 intrinsics, where the build has them
 
 namespace ddp {
 
@@ -27,48 +26,6 @@ int fixed_point_exponent(double max_abs, int limit_bits) {
   int e = 0;
   std::frexp(max_abs, &e);  // max_abs < 2^e
   return std::clamp(limit_bits - kHeadroomBits - e, -kMaxExponent, kMaxExponent);
-}
-
-double quantize_add(const float* g, size_t n, int exponent, int limit_bits, int64_t* acc) {
-  const double scale = std::ldexp(1.0, exponent), limit = std::ldexp(1.0, limit_bits);
-  float max = 0;
-  bool finite = true;
-  size_t i = 0;
-#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
-  // Eight at a time, element by element what to_fixed does: the scaled
-  // double's magnitude below limit (false for NaN), vcvtpd2qq rounding as
-  // rint does (to nearest even, MXCSR's default). Every micro-shard's
-  // every gradient passes here: 4% of a ResNet-18 --deterministic run when
-  // it was the scalar loop below.
-  const __m512d vscale = _mm512_set1_pd(scale), vlimit = _mm512_set1_pd(limit);
-  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 vmax = _mm256_setzero_ps();
-  __mmask8 all_finite = 0xff;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_loadu_ps(g + i);
-    const __m256 a = _mm256_andnot_ps(sign, x);
-    all_finite &= _mm256_cmp_ps_mask(a, inf, _CMP_LT_OQ);
-    vmax = _mm256_max_ps(a, vmax);  // vmax where a is NaN
-    const __m512d v = _mm512_mul_pd(_mm512_cvtps_pd(x), vscale);
-    const __mmask8 fits = _mm512_cmp_pd_mask(_mm512_abs_pd(v), vlimit, _CMP_LT_OQ);
-    const __m512i q = _mm512_cvtpd_epi64(v);
-    int64_t* out = acc + i;
-    _mm512_mask_storeu_epi64(out, fits, _mm512_add_epi64(_mm512_loadu_si512(out), q));
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, vmax);
-  for (float a : lanes) max = std::max(max, a);
-  finite = all_finite == 0xff;
-#endif
-  for (; i < n; ++i) {
-    const float a = std::fabs(g[i]);
-    finite &= std::isfinite(a);
-    max = std::max(max, a);
-    int64_t q;
-    if (fixed_point::to_fixed(g[i], scale, limit, &q)) acc[i] += q;
-  }
-  return finite ? double(max) : std::numeric_limits<double>::infinity();
 }
 
 void dequantize(const int64_t* acc, size_t n, int exponent, float* g) {
@@ -205,6 +162,15 @@ void HostExactGradientSum::set_lanes(int lanes) {
 void HostExactGradientSum::add(int lane, const float* g, size_t first, size_t count) {
   check_add(lane, lanes(), first, count);
   if (count == 0) return;
+  std::vector<fixed_point::Sink> to(count);
+  sinks(lane, first, count, to.data());
+  const size_t base = offsets_[first];
+  for (size_t p = first; p < first + count; ++p) quantize_add(g + (offsets_[p] - base), numels_[p], to[p - first]);
+}
+
+bool HostExactGradientSum::sinks(int lane, size_t first, size_t count, fixed_point::Sink* out) {
+  check_add(lane, lanes(), first, count);
+  if (count == 0) return true;
   const size_t base = offsets_[first];
   int64_t* acc = acc_.data() + base;
   double* max = max_.data();
@@ -216,11 +182,9 @@ void HostExactGradientSum::add(int lane, const float* g, size_t first, size_t co
     max = lane_max_[size_t(lane - 1)].data();
     lane_added_[size_t(lane - 1)] = 1;
   }
-  for (size_t p = first; p < first + count; ++p) {
-    const double m = quantize_add(g + (offsets_[p] - base), numels_[p], int(exponents_[p]), limit_bits_,
-                                  acc + (offsets_[p] - base));
-    max[p] = std::max(max[p], m);
-  }
+  for (size_t p = first; p < first + count; ++p)
+    out[p - first] = {acc + (offsets_[p] - base), int(exponents_[p]), limit_bits_, max + p};
+  return true;
 }
 
 void HostExactGradientSum::fold(size_t first, size_t count) {

@@ -84,7 +84,7 @@ struct LaneScratch {
 
 class Conv final : public Kernel {
  public:
-  Conv(const Op& op, ThreadPool* pool) : op_(op), lanes_(pool) {}
+  Conv(const Op& op, ThreadPool* pool) : op_(op), lanes_(pool), packed_dy_(lanes_.scratch.size()) {}
   // Micro-shards share what they would each make of the weights: made here,
   // on the pool, the same values each shard would make itself. On
   // Winograd's path that is the kernels' transform (turned for backward's
@@ -117,6 +117,18 @@ class Conv final : public Kernel {
     }
   }
   bool shards_in_one_call() const override { return cpu::kPackedGemm; }
+  // Note [fixed-point epilogue]: the Winograd layers whose micro-shards take
+  // their weight gradients by im2col's GEMM (ResNet-18's 512 channels on
+  // 4x4): gradients of 2.4M elements from GEMMs 128 deep, where writing and
+  // reading back the floats costs. Eight micro-shards of 8 images, weight
+  // gradients alone, 1 thread: 53 to 59 ms against 63 to 67 a micro-shard
+  // at a time. The other layers on im2col's path gain nothing or lose (the
+  // 1x1 and stride-2 layers of 128 to 512 channels: 0.9x to 1.2x the time;
+  // the 3x3 stem on 1 channel, whose gradient is 64 x 9: 4x), so they stay
+  // a micro-shard a call.
+  bool shard_grads_to_sinks() const override {
+    return cpu::kFixedPointGemm && phase_ == Phase::Backward && winograd_ && weight_grad_im2col_;
+  }
   void forward(const OpArgs& a) override {
     const cpu::ConvGeom g = conv_geom(op_, a.batch);
     switch (shared(a, g, Phase::Forward)) {
@@ -131,6 +143,22 @@ class Conv final : public Kernel {
   }
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
     const cpu::ConvGeom g = conv_geom(op_, a.batch);
+    if (!a.sinks.empty()) {  // Note [fixed-point epilogue]
+      DDP_CHECK(shard_grads_to_sinks() && a.lane >= 0 && a.batch % shard_ == 0 && a.sinks.size() == a.p.size(),
+                "conv ", op_.name, ": fixed-point weight gradients of ", a.batch, " samples in micro-shards of ",
+                shard_, " on lane ", a.lane);
+      if (dx[0]) on_path(a, g, dy, dx);
+      return cpu::conv2d_weight_grad_fixed(g, a.x[0], dy, shard_, a.sinks[0],
+                                           a.sinks.size() > 1 ? &a.sinks[1] : nullptr, lanes_.of(a),
+                                           packed_dy_[size_t(a.lane)]);
+    }
+    on_path(a, g, dy, dx);
+  }
+
+ private:
+  // backward on the path shared() picks: the input gradient where dx[0] is
+  // wanted, the weight and bias gradients where a.dp has them.
+  void on_path(const OpArgs& a, const cpu::ConvGeom& g, const float* dy, const std::vector<float*>& dx) {
     switch (shared(a, g, Phase::Backward)) {
       case Path::Winograd:
         // A micro-shard's weight gradient, where Winograd's would be too
@@ -151,8 +179,6 @@ class Conv final : public Kernel {
                                     lanes_.threads(a));
     }
   }
-
- private:
   enum class Phase { None, Forward, Backward };
   // What a call runs on: the shared transform (and packing) of Winograd's
   // path, the shared packing of im2col's, or nothing shared.
@@ -174,6 +200,7 @@ class Conv final : public Kernel {
   int tile_ = 0;
   std::vector<float> kernels_;
   std::vector<cpu::PackedMatrix> packed_;  // kernels_'s planes, or w (w^T backward), packed
+  std::vector<cpu::PackedMatrix> packed_dy_;  // per lane: a run's output gradients (fixed-point epilogue)
 };
 
 // conv -> relu -> avgpool2 in one pass (conv_relu_pool_cpu.cpp); backward

@@ -363,18 +363,16 @@ void Model::run_backward(const float* dlogits, int batch, const std::function<vo
         return d;
       };
       // Note [shard runs]: the input gradients a run of micro-shards at a
-      // time, then the parameter gradients one micro-shard at a time.
+      // time, then the parameter gradients one micro-shard at a time; or,
+      // where the kernel converts them itself (Note [fixed-point epilogue]
+      // in packed_gemm.hpp), in the runs' calls too.
+      const bool fixed = kernels_[i]->shards_in_one_call() && kernels_[i]->shard_grads_to_sinks() &&
+                         !ps.empty() && !half_op(i);
       const bool runs = kernels_[i]->shards_in_one_call() &&
-                        std::any_of(dx.begin(), dx.end(), [](const float* d) { return d != nullptr; });
-      if (runs) {
-        const std::vector<ShardRun> r = shard_runs_on_lanes(batch, last_shard_, device_.lanes());
-        device_.for_lanes(int64_t(r.size()), [&](int64_t k, int lane) {
-          OpArgs part = shard_args(i, args_[i], r[size_t(k)].first, last_shard_, lane, r[size_t(k)].count);
-          std::fill(part.dp.begin(), part.dp.end(), nullptr);
-          kernels_[i]->backward(part, dy + part.first * graph_.values[i + 1].numel(), dx_of(part));
-        });
-      }
-      device_.for_lanes(batch / last_shard_, [&](int64_t k, int lane) {
+                        (fixed || std::any_of(dx.begin(), dx.end(), [](const float* d) { return d != nullptr; }));
+      // Micro-shard k's parameter gradients (and its input gradient unless
+      // a run's call took it) in a call of its own, handed to `to`.
+      const auto one_shard = [&](int64_t k, int lane) {
         OpArgs part = shard_args(i, args_[i], k, last_shard_, lane);
         float* g = lane_grads_[size_t(lane)]->data();
         for (size_t j = 0; j < ps.size(); ++j) part.dp[j] = g + (graph_.params[ps[j]].offset - base);
@@ -382,7 +380,24 @@ void Model::run_backward(const float* dlogits, int batch, const std::function<vo
         kernels_[i]->backward(part, dy + part.first * graph_.values[i + 1].numel(), dx_part);
         if (half_op(i) && !ps.empty()) device_.round(g, g, param_span(i).second, precision_);
         if (!ps.empty()) take_grads(i, g, lane, *to);
-      });
+      };
+      if (runs) {
+        const std::vector<ShardRun> r = shard_runs_on_lanes(batch, last_shard_, device_.lanes());
+        device_.for_lanes(int64_t(r.size()), [&](int64_t k, int lane) {
+          const ShardRun run = r[size_t(k)];
+          OpArgs part = shard_args(i, args_[i], run.first, last_shard_, lane, run.count);
+          std::fill(part.dp.begin(), part.dp.end(), nullptr);
+          if (fixed) {
+            part.sinks.resize(ps.size());
+            if (!to->sinks(lane, ps.front(), ps.size(), part.sinks.data())) part.sinks.clear();
+          }
+          kernels_[i]->backward(part, dy + part.first * graph_.values[i + 1].numel(), dx_of(part));
+          // Sums that are not the host's: this run's micro-shards one by one.
+          if (fixed && part.sinks.empty())
+            for (int64_t m = run.first; m < run.first + run.count; ++m) one_shard(m, lane);
+        });
+      }
+      if (!fixed) device_.for_lanes(batch / last_shard_, one_shard);
     }
     if (to && !ps.empty()) to->taken(ps.front(), ps.size());
     if (half_op(i))

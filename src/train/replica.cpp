@@ -203,6 +203,9 @@ class Replica::ToExactSum final : public nn::ShardGradients {
  public:
   ToExactSum(ExactGradientSum& sum, comm::Communicator& comm) : sum_(sum), comm_(comm) {}
   void take(int lane, const float* g, size_t first, size_t count) override { sum_.add(lane, g, first, count); }
+  bool sinks(int lane, size_t first, size_t count, fixed_point::Sink* out) override {
+    return sum_.sinks(lane, first, count, out);
+  }
   void taken(size_t first, size_t count) override {
     sum_.fold(first, count);
     sum_.ready(comm_, first, count);

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"  // Communicator
+#include "ddp/ddp/fixed_point.hpp"     // quantize_add, Sink
 
 namespace ddp {
 
@@ -52,10 +53,11 @@ int fixed_point_limit_bits(int shards);
 constexpr int kMaxExponent = 400;
 int fixed_point_exponent(double max_abs, int limit_bits);
 
-// acc[i] += round-to-nearest-even(g[i] * 2^exponent) for the elements below
-// 2^limit_bits after scaling (the others are left out: the step is redone).
-// Returns the largest |g[i]|, or +infinity when one is NaN or infinite.
-double quantize_add(const float* g, size_t n, int exponent, int limit_bits, int64_t* acc);
+// acc[i] += round-to-nearest-even(g[i] * 2^exponent): fixed_point.hpp's
+// (host code).
+#if !defined(__CUDACC__)
+using fixed_point::quantize_add;
+#endif
 
 // g[i] = acc[i] * 2^-exponent, rounded to float.
 void dequantize(const int64_t* acc, size_t n, int exponent, float* g);
@@ -97,6 +99,14 @@ class ExactGradientSum {
   // `lane`: g[0] is param first's element 0, the params laid out as in the
   // flat buffer. Lanes may call at once, for the same params.
   virtual void add(int lane, const float* g, size_t first, size_t count) = 0;
+  // Note [fixed-point epilogue] (nn/packed_gemm.hpp): in place of add, where
+  // lane `lane`'s sums of params [first, first + count) live in host memory,
+  // one Sink a param into out (what the caller adds there counts as added);
+  // false where they do not (the GPU's).
+  virtual bool sinks(int lane, size_t first, size_t count, fixed_point::Sink* out) {
+    (void)lane, (void)first, (void)count, (void)out;
+    return false;
+  }
   // With no lane adding: every lane's sums of params [first, first + count)
   // into the step's.
   virtual void fold(size_t first, size_t count) = 0;
@@ -178,6 +188,7 @@ class HostExactGradientSum final : public ExactGradientSum {
   void set_lanes(int lanes) override;
   int lanes() const override { return int(lane_acc_.size()) + 1; }
   void add(int lane, const float* g, size_t first, size_t count) override;
+  bool sinks(int lane, size_t first, size_t count, fixed_point::Sink* out) override;
   void fold(size_t first, size_t count) override;
 
  private:

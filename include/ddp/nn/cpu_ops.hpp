@@ -14,6 +14,9 @@
 namespace ddp::nn {
 class ThreadPool;
 }
+namespace ddp::fixed_point {
+struct Sink;
+}
 
 namespace ddp::nn::cpu {
 
@@ -59,6 +62,14 @@ void conv2d_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* 
 // im2col's path whatever winograd_applies says, on the calling thread.
 template <typename T>
 void conv2d_weight_grad_im2col(const ConvGeom& g, const T* x, const T* dy, T* dw, T* db, ConvScratch<T>& s);
+// Note [fixed-point epilogue] (packed_gemm.hpp): each micro-shard's weight
+// and bias gradients, g.batch / shard of them, on im2col's path, converted
+// and added into dw's and db's fixed-point sums (db may be nullptr), on the
+// calling thread; a_scratch keeps the packed output gradients between calls.
+// Needs kFixedPointGemm.
+void conv2d_weight_grad_fixed(const ConvGeom& g, const float* x, const float* dy, int shard,
+                              const fixed_point::Sink& dw, const fixed_point::Sink* db, ConvScratch<float>& s,
+                              PackedMatrix& a_scratch);
 
 // 3x3 convolutions with stride 1 and padding 1 by Winograd's F(2x2, 3x3) or
 // F(4x4, 3x3) (Note [winograd] in winograd_cpu.cpp): conv2d_forward and

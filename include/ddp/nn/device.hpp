@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/ddp/fixed_point.hpp"  // Sink
 #include "ddp/nn/graph.hpp"
 #include "ddp/nn/precision.hpp"
 
@@ -54,7 +55,9 @@ enum class Mode { Train, Eval };
 // micro-shard's size chose. Its weights are then read once a run rather than
 // once a micro-shard: ResNet-18's 512-channel layers stream 17 MB of them a
 // call. Only the weight and bias gradients, summed per micro-shard, still
-// take a call each. Evaluation's last, smaller micro-shard is a call alone.
+// take a call each, but where the kernel converts them into the fixed-point
+// sums itself (Note [fixed-point epilogue] in packed_gemm.hpp). Evaluation's
+// last, smaller micro-shard is a call alone.
 struct OpArgs {
   int batch = 0;
   Mode mode = Mode::Train;
@@ -73,6 +76,11 @@ struct OpArgs {
   // sample (for what a kernel keeps per sample between forward and backward).
   int lane = -1;
   int64_t first = 0;
+  // Note [fixed-point epilogue] (packed_gemm.hpp): empty, or, on a backward
+  // call with a run of micro-shards of `shard` samples (and no a.dp), one
+  // Sink per parameter: each micro-shard's parameter gradients go there,
+  // converted and added by the kernel (Kernel::shard_grads_to_sinks).
+  std::vector<fixed_point::Sink> sinks;
 };
 
 // Where this call's first sample sits in the whole batch: `first` on a lane,
@@ -161,6 +169,13 @@ class Kernel {
   // with no input gradient; the runs' backward calls get nullptr in every
   // a.dp, for no parameter gradient.
   virtual bool shards_in_one_call() const { return false; }
+  // Note [fixed-point epilogue] (packed_gemm.hpp): true when, after
+  // begin_shards for backward, a backward call with a run of whole
+  // micro-shards (as shards_in_one_call) and OpArgs::sinks set adds each
+  // micro-shard's parameter gradients, converted on their own, into the
+  // sinks, as calls of one micro-shard each and quantize_add would. Model
+  // then asks for no per-micro-shard calls.
+  virtual bool shard_grads_to_sinks() const { return false; }
   // Note [mixed precision] (precision.hpp): a convolution's or linear
   // layer's kernel that computes in p itself, making every rounding autocast
   // makes (the GPU's: Note [half kernels]), returns true, and Model then

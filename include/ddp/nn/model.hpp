@@ -42,6 +42,16 @@ class ShardGradients {
   // in flat order), g[0] being param first's element 0. Lanes call at once,
   // each with its own lane (Note [lanes]); g is the lane's until it returns.
   virtual void take(int lane, const float* g, size_t first, size_t count) = 0;
+  // Note [fixed-point epilogue] (nn/packed_gemm.hpp): where lane `lane`'s
+  // gradients of params [first, first + count) go when they are fixed-point
+  // sums in host memory (one Sink a param, into out), for a kernel that
+  // converts and adds each micro-shard's gradients itself; false (nothing
+  // written) where they are not. Called on the lane, as take is, and in
+  // its place: what a kernel adds into the sinks counts as taken.
+  virtual bool sinks(int lane, size_t first, size_t count, fixed_point::Sink* out) {
+    (void)lane, (void)first, (void)count, (void)out;
+    return false;
+  }
   // Every micro-shard of params [first, first + count) has been taken, and
   // no lane is running.
   virtual void taken(size_t first, size_t count) = 0;

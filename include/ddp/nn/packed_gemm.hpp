@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "ddp/ddp/fixed_point.hpp"  // Sink, Quantizer8
 #include "ddp/nn/simd.hpp"
 
 namespace ddp::nn {
@@ -60,5 +61,31 @@ class PackedMatrix {
 // c (a.rows() x n, row stride ldc) = a b, b a.depth() x n with row stride ldb.
 // Overwrites c. Needs kPackedGemm.
 void gemm_packed(const PackedMatrix& a, int n, const float* b, int ldb, float* c, int ldc);
+
+// Note [fixed-point epilogue]: --deterministic sums each micro-shard's weight
+// gradient, a GEMM over the micro-shard's samples, as fixed-point integers
+// (Note [fixed-point gradients] in ddp/exact_sum.hpp). Computed one
+// micro-shard at a time, a 512 x 4608 gradient (ResNet-18's last block) was
+// written as floats, read back, converted and added into 19 MB of int64
+// sums, and zeroed again, once per micro-shard: memory traffic, not
+// arithmetic. Here one call takes a run of micro-shards: the depth splits
+// into `segments` equal parts, and each part's product, every element one
+// register's chain of fused multiply-adds from zero in blocks of kDepth
+// added in order (as gemm_packed does), is converted and added into out's
+// integers straight from the registers (fixed_point::Quantizer8: to_fixed's
+// arithmetic). Blocks of column strips go outermost, so a block's integers
+// stay in cache while every segment adds to them. A segment's integers are
+// the same whatever segments sit beside it, and integer sums do not depend
+// on their order, so a run gives the bits of its micro-shards one call each.
+// Which layers gain is in Conv::shard_grads_to_sinks (cpu_device.cpp).
+//
+// out.acc[i * ldacc + j] += to_fixed((a_s b_s)[i][j]) for every segment s,
+// where a_s is columns [s d, (s + 1) d) of a, b_s rows [s d, (s + 1) d) of b,
+// d = a.depth() / segments; b is a.depth() x n with row stride ldb, or with
+// b_trans its transpose (b[j * ldb + k]). *out.max takes the largest |a_s
+// b_s| element (+infinity for a NaN or an infinity). Needs kFixedPointGemm.
+constexpr bool kFixedPointGemm = kPackedGemm && DDP_FIXED_POINT_SIMD != 0;
+void gemm_packed_fixed(const PackedMatrix& a, int segments, int n, const float* b, int ldb, bool b_trans,
+                       const fixed_point::Sink& out, int64_t ldacc);
 
 }  // namespace ddp::nn::cpu

@@ -170,9 +170,10 @@ TEST(ExactGradientSum, TheSumDoesNotDependOnTheOrderOfTheShards) {
 }
 
 // Note [lanes] (nn/device.hpp): micro-shards added from several threads at
-// once, each on a lane of its own and op by op (params 0-1, then 2), fold into
-// the same sums as one lane adding all of them, and a lane that outgrows an
-// exponent is seen.
+// once, each on a lane of its own and op by op (params 0-1, then 2), by add
+// or converted into the lane's sinks (Note [fixed-point epilogue]), fold
+// into the same sums as one lane adding all of them, and a lane that
+// outgrows an exponent is seen.
 TEST(ExactGradientSum, LanesAddingAtOnceGiveOneLanesSums) {
   const std::vector<size_t> numels = {300, 7, 1000};
   const size_t n = 1307;
@@ -197,7 +198,18 @@ TEST(ExactGradientSum, LanesAddingAtOnceGiveOneLanesSums) {
       std::vector<std::thread> lanes;
       for (int lane = 0; lane < 3; ++lane)
         lanes.emplace_back([&, lane, first = first, count = count, offset = offset] {
-          for (int s = lane; s < k; s += 3) b.add(lane, g[size_t(s)].data() + offset, first, count);
+          for (int s = lane; s < k; s += 3) {
+            if (lane == 2) {
+              b.add(lane, g[size_t(s)].data() + offset, first, count);
+              continue;
+            }
+            // Lanes 0 and 1 convert into their sinks themselves, as a
+            // kernel with a fixed-point epilogue does.
+            std::vector<fixed_point::Sink> to(count);
+            ASSERT_TRUE(b.sinks(lane, first, count, to.data()));
+            for (size_t p = first, at = offset; p < first + count; at += numels[p], ++p)
+              fixed_point::quantize_add(g[size_t(s)].data() + at, numels[p], to[p - first]);
+          }
         });
       for (auto& t : lanes) t.join();
       b.fold(first, count);

@@ -16,9 +16,11 @@
 #include "cpu_model.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/rng.hpp"
+#include "ddp/ddp/fixed_point.hpp"  // Sink, quantize_add
 #include "ddp/nn/cpu_ops.hpp"  // winograd_applies, winograd_applies_to_shards
 #include "ddp/nn/graph.hpp"
 #include "ddp/nn/model.hpp"
+#include "ddp/nn/packed_gemm.hpp"  // kFixedPointGemm
 #include "ddp/nn/thread_pool.hpp"
 #include "grad_check.hpp"
 
@@ -606,6 +608,108 @@ TEST(Model, MicroShardsSharingWinogradKernelsAreOneLanesBits) {
       EXPECT_EQ(lg, first_logits);
       EXPECT_EQ(ev, first_eval);
       EXPECT_EQ(taken.shards, first_shards);
+    }
+  }
+}
+
+// A host fixed-point sum as the trainer keeps one (HostExactGradientSum):
+// per lane, every param's integers at one exponent and its largest |g|; and
+// how each param's gradients came, by take (floats, converted here one
+// micro-shard at a time) or through its sinks.
+struct Sunk final : ShardGradients {
+  static constexpr int kExponent = 30, kLimitBits = 58;
+  Sunk(const Graph& g, int lanes)
+      : g(g), acc(size_t(lanes), std::vector<int64_t>(g.num_params, 0)),
+        max(size_t(lanes), std::vector<double>(g.params.size(), 0.0)), by_take(g.params.size(), 0),
+        by_sinks(g.params.size(), 0) {}
+  void take(int lane, const float* p, size_t first, size_t count) override {
+    std::vector<fixed_point::Sink> to(count);
+    point(lane, first, count, to.data(), by_take);
+    for (size_t q = first; q < first + count; ++q)
+      fixed_point::quantize_add(p + (g.params[q].offset - g.params[first].offset), g.params[q].numel, to[q - first]);
+  }
+  bool sinks(int lane, size_t first, size_t count, fixed_point::Sink* out) override {
+    point(lane, first, count, out, by_sinks);
+    return true;
+  }
+  void taken(size_t, size_t) override {}
+  void point(int lane, size_t first, size_t count, fixed_point::Sink* out, std::vector<int>& calls) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (size_t q = first; q < first + count; ++q) ++calls[q];
+    }
+    for (size_t q = first; q < first + count; ++q)
+      out[q - first] = {acc[size_t(lane)].data() + g.params[q].offset, kExponent, kLimitBits, &max[size_t(lane)][q]};
+  }
+  std::vector<int64_t> total() const {
+    std::vector<int64_t> t(g.num_params, 0);
+    for (const auto& a : acc)
+      for (size_t i = 0; i < t.size(); ++i) t[i] += a[i];
+    return t;
+  }
+  std::vector<double> largest() const {
+    std::vector<double> m(g.params.size(), 0.0);
+    for (const auto& l : max)
+      for (size_t q = 0; q < m.size(); ++q) m[q] = std::max(m[q], l[q]);
+    return m;
+  }
+  const Graph& g;
+  std::mutex mu;
+  std::vector<std::vector<int64_t>> acc;
+  std::vector<std::vector<double>> max;
+  std::vector<int> by_take, by_sinks;
+};
+
+// Note [fixed-point epilogue] (packed_gemm.hpp): where the sums are the
+// host's, a convolution whose micro-shards take their weight gradients by
+// im2col's GEMM (16 channels on 4x4, as above) converts them itself, one
+// call a run of micro-shards; the linear layer's come by take, a micro-shard
+// at a time. The integers are the same at one, two and three lanes (runs of
+// 3, 1 + 2 and 1 + 1 + 1 micro-shards), and they are the whole batch's
+// gradients.
+TEST(Model, MicroShardRunsConvertTheirWeightGradientsIntoFixedPointSinks) {
+  constexpr int kBatch = 24, kShard = 8, kShards = kBatch / kShard, kClasses = 5;
+  const auto graph = [] {
+    GraphBuilder b("wide", {16, 4, 4}, /*pytorch_init=*/true);
+    const int y = b.relu("relu", b.conv("conv", b.input(), 16, 3, 1, 1));
+    return b.finish(b.linear("fc", b.flatten("flat", b.global_avg_pool("gap", y)), kClasses));
+  };
+  ASSERT_TRUE(cpu::shard_weight_grad_by_im2col(test::conv_geom(kShard, 16, 4, 4, 16, 3, 1, 1)));
+  const Batch b = random_batch(kBatch, 23, 256, kClasses);
+  const WholeBatch w(graph(), b, kBatch, kBatch, kClasses);
+  std::vector<int64_t> first;
+  std::vector<double> first_max;
+  for (const int lanes : {1, 2, 3}) {
+    SCOPED_TRACE(std::to_string(lanes) + " lanes");
+    CpuModel sharded(graph(), 8, lanes);
+    sharded->set_state(w.start);
+    const Graph& g = sharded->graph();
+    sharded->zero_grads();
+    sharded->forward(b.x.data(), kBatch, Mode::Train, kShard);
+    Sunk sunk(g, lanes);
+    sharded->backward_shards(w.d.data(), kBatch, sunk);
+    for (size_t q = 0; q < g.params.size(); ++q) {
+      const bool conv = g.params[q].name.rfind("conv.", 0) == 0;
+      if (conv && cpu::kFixedPointGemm) {
+        EXPECT_EQ(sunk.by_sinks[q], std::min(lanes, kShards)) << g.params[q].name << ": not one call a run";
+        EXPECT_EQ(sunk.by_take[q], 0) << g.params[q].name;
+      } else {
+        EXPECT_EQ(sunk.by_take[q], kShards) << g.params[q].name;
+        EXPECT_EQ(sunk.by_sinks[q], 0) << g.params[q].name;
+      }
+    }
+    EXPECT_EQ(*std::max_element(sharded->grads(), sharded->grads() + g.num_params), 0.0f);
+    EXPECT_EQ(*std::min_element(sharded->grads(), sharded->grads() + g.num_params), 0.0f);
+    const std::vector<int64_t> t = sunk.total();
+    std::vector<double> sum(t.size());
+    for (size_t i = 0; i < t.size(); ++i) sum[i] = std::ldexp(double(t[i]), -Sunk::kExponent);
+    EXPECT_LT(test::scaled_err(w.grads, sum), 1e-5);
+    if (lanes == 1) {
+      first = t;
+      first_max = sunk.largest();
+    } else {
+      EXPECT_EQ(t, first) << "the sums are not one lane's";
+      EXPECT_EQ(sunk.largest(), first_max);
     }
   }
 }

@@ -2,12 +2,16 @@
 // a double reference, over every edge of the tile and of k's blocks; each
 // element the same float whatever columns and rows sit beside it (what
 // --deterministic's micro-shards rely on); and nothing outside c touched.
+// gemm_packed_fixed (Note [fixed-point epilogue]): a run of segments adds
+// exactly what each segment's gemm_packed product, converted by
+// quantize_add, would.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "ddp/ddp/fixed_point.hpp"
 #include "ddp/nn/packed_gemm.hpp"
 #include "grad_check.hpp"
 
@@ -126,6 +130,79 @@ TEST(PackedGemm, EmptyDepthGivesZeros) {
   std::vector<float> c(3 * 4, 1.0f);
   cpu::gemm_packed(p, 4, nullptr, 4, c.data(), 4);
   EXPECT_EQ(c, std::vector<float>(12, 0.0f));
+}
+
+// A run of segments through gemm_packed_fixed against each segment's
+// gemm_packed product converted by quantize_add: the same integers, nothing
+// past n in a row of the sums touched, the same largest |element|.
+struct FixedCase {
+  int m, n, seg, segments;
+  bool b_trans;
+};
+
+void expect_fixed_run_is_per_segment(const FixedCase& c, int exponent, int limit_bits, float poison = 0.0f) {
+  const int depth = c.seg * c.segments, lda = depth + 3, ldbt = depth + 5, ldacc = c.n + 7;
+  std::vector<float> a = test::to_float(test::random_vec(size_t(c.m) * lda, 31 + c.m));
+  const std::vector<float> bt = test::to_float(test::random_vec(size_t(c.n) * ldbt, 41 + c.n));  // n x depth
+  std::vector<float> b(size_t(depth) * c.n);  // its transpose, depth x n
+  for (int j = 0; j < c.n; ++j)
+    for (int k = 0; k < depth; ++k) b[size_t(k) * c.n + j] = bt[size_t(j) * ldbt + k];
+  if (poison != 0.0f) a[size_t(c.m / 2) * lda + depth - 1] = poison;
+  std::vector<int64_t> want(size_t(c.m) * ldacc, 0), got(want.size(), 0);
+  double want_max = 0, got_max = 0;
+  std::vector<float> prod(size_t(c.m) * c.n);
+  for (int s = 0; s < c.segments; ++s) {
+    PackedMatrix one;
+    one.pack(false, c.m, c.seg, a.data() + size_t(s) * c.seg, lda);
+    cpu::gemm_packed(one, c.n, b.data() + size_t(s) * c.seg * c.n, c.n, prod.data(), c.n);
+    for (int i = 0; i < c.m; ++i)
+      fixed_point::quantize_add(prod.data() + size_t(i) * c.n, size_t(c.n),
+                                {want.data() + size_t(i) * ldacc, exponent, limit_bits, &want_max});
+  }
+  PackedMatrix run;
+  run.pack(false, c.m, depth, a.data(), lda);
+  const fixed_point::Sink sink{got.data(), exponent, limit_bits, &got_max};
+  if (c.b_trans)
+    cpu::gemm_packed_fixed(run, c.segments, c.n, bt.data(), ldbt, true, sink, ldacc);
+  else
+    cpu::gemm_packed_fixed(run, c.segments, c.n, b.data(), c.n, false, sink, ldacc);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got_max, want_max);
+}
+
+// Shapes across the tile's rows and columns, segments of one block (128),
+// of less, and of several with a short last one (300 = 128 + 128 + 44),
+// ResNet-18's 512-channel weight gradient's shape cut down (512 rows,
+// segments 128 deep), b either way round.
+const FixedCase kFixedCases[] = {{1, 1, 1, 1, false},   {13, 45, 300, 3, true}, {8, 32, 128, 4, false},
+                                 {20, 70, 40, 2, true}, {9, 200, 17, 5, true}, {512, 72, 128, 3, true}};
+
+TEST(PackedGemm, FixedPointRunAddsEachSegmentConvertedAlone) {
+  if (!cpu::kFixedPointGemm) GTEST_SKIP() << "this build has no AVX-512 DQ/VL (kFixedPointGemm): micro-shards' "
+                                             "gradients are converted one call each";
+  for (const FixedCase& c : kFixedCases) {
+    SCOPED_TRACE(::testing::Message() << c.m << " x " << c.n << ", " << c.segments << " segments of " << c.seg
+                                      << (c.b_trans ? ", b transposed" : ""));
+    expect_fixed_run_is_per_segment(c, 20, 50);
+    // Elements past 2^3 are left out, as quantize_add leaves them.
+    expect_fixed_run_is_per_segment(c, 20, 23);
+  }
+}
+
+TEST(PackedGemm, FixedPointRunReportsANaNOrAnInfinityAsAnInfiniteMaximum) {
+  if (!cpu::kFixedPointGemm) GTEST_SKIP() << "this build has no AVX-512 DQ/VL (kFixedPointGemm)";
+  for (const float poison : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    SCOPED_TRACE(poison);
+    expect_fixed_run_is_per_segment({13, 45, 300, 3, true}, 20, 50, poison);
+    double max = 0;
+    std::vector<int64_t> acc(4 * 4, 0);
+    std::vector<float> a(4 * 2, 1.0f), b(2 * 4, 1.0f);
+    a[3] = poison;
+    PackedMatrix p;
+    p.pack(false, 4, 2, a.data(), 2);
+    cpu::gemm_packed_fixed(p, 2, 4, b.data(), 4, false, {acc.data(), 0, 50, &max}, 4);
+    EXPECT_EQ(max, std::numeric_limits<double>::infinity());
+  }
 }
 
 }  // namespace
