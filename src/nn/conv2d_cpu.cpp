@@ -43,20 +43,25 @@ void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
 
 namespace {
 
+// Images [n0, n0 + nb) of dy (NCHW) as the GEMMs' out_c x (nb OH OW)
+// matrix, rows ld apart.
+template <typename T>
+void gather_dy(const ConvGeom& g, const T* dy, int n0, int nb, T* dyc, int64_t ld) {
+  const int OHW = g.out_h() * g.out_w();
+  const int64_t out_img = int64_t(g.out_c) * OHW;
+  for (int i = 0; i < nb; ++i) {
+    const T* dyi = dy + (n0 + i) * out_img;
+    for (int oc = 0; oc < g.out_c; ++oc)
+      std::copy(dyi + int64_t(oc) * OHW, dyi + int64_t(oc + 1) * OHW, dyc + int64_t(oc) * ld + int64_t(i) * OHW);
+  }
+}
+
 // im2col's backward, dy gathered from NCHW.
 template <typename T>
 void im2col_backward(const ConvGeom& g, const T* x, const T* w, const T* dy, T* dw, T* db, T* dx,
                      ConvScratch<T>& s, ThreadPool* pool, const PackedMatrix* packed) {
-  const int OHW = g.out_h() * g.out_w();
-  const int64_t out_img = int64_t(g.out_c) * OHW;
-  conv_backward_chunks(g, x, w, dw, db, dx, s, pool, packed, [&](int n0, int nb, T* dyc, int64_t ld) {
-    for (int i = 0; i < nb; ++i) {
-      const T* dyi = dy + (n0 + i) * out_img;
-      for (int oc = 0; oc < g.out_c; ++oc)
-        std::copy(dyi + int64_t(oc) * OHW, dyi + int64_t(oc + 1) * OHW,
-                  dyc + int64_t(oc) * ld + int64_t(i) * OHW);
-    }
-  });
+  conv_backward_chunks(g, x, w, dw, db, dx, s, pool, packed,
+                       [&](int n0, int nb, T* dyc, int64_t ld) { gather_dy(g, dy, n0, nb, dyc, ld); });
 }
 
 }  // namespace
@@ -86,7 +91,7 @@ void conv2d_weight_grad_fixed(const ConvGeom& g, const float* x, const float* dy
   check_conv_geom(g);
   DDP_CHECK(shard > 0 && g.batch % shard == 0, "conv2d: a batch of ", g.batch, " in micro-shards of ", shard);
   const int OHW = g.out_h() * g.out_w(), ckk = g.in_c * g.k * g.k, oc = g.out_c, shards = g.batch / shard;
-  const int64_t in_img = int64_t(g.in_c) * g.in_h * g.in_w, out_img = int64_t(oc) * OHW;
+  const int64_t in_img = int64_t(g.in_c) * g.in_h * g.in_w;
   const int64_t shard_cols = int64_t(shard) * OHW;
   const int per_pass = int(std::clamp<int64_t>(
       kFixedRunBytes / (int64_t(ckk + oc) * shard_cols * int64_t(sizeof(float))), 1, shards));
@@ -102,11 +107,7 @@ void conv2d_weight_grad_fixed(const ConvGeom& g, const float* x, const float* dy
     ConvGeom run = g;
     run.batch = nb;
     im2col(run, x + n0 * in_img, nb, ld, col);
-    for (int i = 0; i < nb; ++i) {
-      const float* dyi = dy + (n0 + i) * out_img;
-      for (int o = 0; o < oc; ++o)
-        std::copy(dyi + int64_t(o) * OHW, dyi + int64_t(o + 1) * OHW, dyc + int64_t(o) * ld + int64_t(i) * OHW);
-    }
+    gather_dy(g, dy, n0, nb, dyc, ld);
     a_scratch.pack(false, oc, K, dyc, int(ld));
     gemm_packed_fixed(a_scratch, ns, ckk, col, int(ld), /*b_trans=*/true, dw, ckk);
     if (db)

@@ -117,44 +117,6 @@ void tile(int kc, const float* a, const float* b, float* c, int ldc, int rows, _
   });
 }
 
-}  // namespace
-
-void gemm_packed(const PackedMatrix& a, int n, const float* b, int ldb, float* c, int ldc) {
-  constexpr int R = PackedMatrix::kRows, D = PackedMatrix::kDepth;
-  const int m = a.rows(), depth = a.depth(), panels = (m + R - 1) / R;
-  DDP_CHECK(n >= 0 && ldb >= n && ldc >= n, "packed gemm: n=", n, " ldb=", ldb, " ldc=", ldc);
-  if (m == 0 || n == 0) return;
-  if (depth == 0) {
-    for (int i = 0; i < m; ++i) std::fill(c + size_t(i) * ldc, c + size_t(i) * ldc + n, 0.0f);
-    return;
-  }
-  alignas(64) float strip[D * kCols];
-  for (int k0 = 0; k0 < depth; k0 += D) {
-    const int kc = std::min(D, depth - k0);
-    for (int j = 0; j < n; j += kCols) {
-      const __mmask16 m0 = simd::lanes<float>(0, n - j), m1 = simd::lanes<float>(0, n - j - 16);
-      // B's block, zero past n: the kernel's loads never depend on n.
-      for (int k = 0; k < kc; ++k) {
-        const float* row = b + size_t(k0 + k) * ldb + j;
-        _mm512_store_ps(strip + k * kCols, _mm512_maskz_loadu_ps(m0, row));
-        _mm512_store_ps(strip + k * kCols + 16, _mm512_maskz_loadu_ps(m1, row + 16));
-      }
-      for (int p = 0; p < panels; ++p) {
-        const float* ap = a.panel(p) + size_t(k0) * R;
-        float* cp = c + size_t(p) * R * ldc + j;
-        const int rows = std::min(R, m - p * R);
-        if (k0 == 0)
-          tile<true>(kc, ap, strip, cp, ldc, rows, m0, m1);
-        else
-          tile<false>(kc, ap, strip, cp, ldc, rows, m0, m1);
-      }
-    }
-  }
-}
-
-#if DDP_FIXED_POINT_SIMD
-namespace {
-
 // B's block for the strip at column j: rows [k0, k0 + kc) of b (b_trans: of
 // its transpose), kCols columns, zero past n, into strip (kc x kCols).
 void load_strip(const float* b, int ldb, bool b_trans, int n, int j, int k0, int kc, float* strip) {
@@ -177,6 +139,40 @@ void load_strip(const float* b, int ldb, bool b_trans, int n, int j, int k0, int
       for (int r = 0; r < 8; ++r) strip[k * kCols + g + r] = g + r < cols ? src[size_t(r) * ldb + k] : 0.0f;
   }
 }
+
+}  // namespace
+
+void gemm_packed(const PackedMatrix& a, int n, const float* b, int ldb, float* c, int ldc) {
+  constexpr int R = PackedMatrix::kRows, D = PackedMatrix::kDepth;
+  const int m = a.rows(), depth = a.depth(), panels = (m + R - 1) / R;
+  DDP_CHECK(n >= 0 && ldb >= n && ldc >= n, "packed gemm: n=", n, " ldb=", ldb, " ldc=", ldc);
+  if (m == 0 || n == 0) return;
+  if (depth == 0) {
+    for (int i = 0; i < m; ++i) std::fill(c + size_t(i) * ldc, c + size_t(i) * ldc + n, 0.0f);
+    return;
+  }
+  alignas(64) float strip[D * kCols];
+  for (int k0 = 0; k0 < depth; k0 += D) {
+    const int kc = std::min(D, depth - k0);
+    for (int j = 0; j < n; j += kCols) {
+      const __mmask16 m0 = simd::lanes<float>(0, n - j), m1 = simd::lanes<float>(0, n - j - 16);
+      // B's block, zero past n: the kernel's loads never depend on n.
+      load_strip(b, ldb, /*b_trans=*/false, n, j, k0, kc, strip);
+      for (int p = 0; p < panels; ++p) {
+        const float* ap = a.panel(p) + size_t(k0) * R;
+        float* cp = c + size_t(p) * R * ldc + j;
+        const int rows = std::min(R, m - p * R);
+        if (k0 == 0)
+          tile<true>(kc, ap, strip, cp, ldc, rows, m0, m1);
+        else
+          tile<false>(kc, ap, strip, cp, ldc, rows, m0, m1);
+      }
+    }
+  }
+}
+
+#if DDP_FIXED_POINT_SIMD
+namespace {
 
 enum class Out { Store, Add, AddConvert, Convert };
 
