@@ -49,6 +49,22 @@ torch_rate() {  # PYTHON NP
 new=$("$venv/bin/python" -c 'import torch; print(torch.__version__)')
 old=$(/usr/bin/python3 -c 'import torch; print(torch.__version__)')
 echo "ddp_train vs PyTorch DDP (gloo), $model: $args, $reps reps, $(nproc) cores, $(date -u +%F)"
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+# The kernels each side runs: ddp_train's start-up table names its BLAS;
+# PyTorch's convolutions run oneDNN at the vector width it reports.
+echo "ddp_train:$("$bin" --model "$model" --synthetic 256 --batch-size 256 --epochs 1 --train-limit 256 2>&1 | grep -m1 ' BLAS: ' | sed 's/^ BLAS://')"
+torch_kernels() {
+  "$1" - <<'PY'
+import re, torch
+blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+cpu = getattr(torch.backends, "cpu", None)  # Debian's 1.13 has no get_cpu_capability
+width = cpu.get_cpu_capability() if cpu else "its build's"
+print(f"PyTorch {torch.__version__}: {width} kernels, "
+      f"oneDNN {torch.backends.mkldnn.is_available()}, BLAS {blas.group(1) if blas else 'unknown'}")
+PY
+}
+torch_kernels "$venv/bin/python"
+torch_kernels /usr/bin/python3
 printf "%-4s %14s %16s %7s %16s %7s\n" np "ddp samples/s" "torch $new" ratio "torch $old" ratio
 for np in 1 2; do
   ours=() newer=() older=()

@@ -9,6 +9,7 @@
 
 #include "ddp/cli/options.hpp"       // parse_options: flags -> Config
 #include "ddp/core/error.hpp"        // Error, CollectiveError (UsageError)
+#include "ddp/runtime/blas_kernels.hpp"  // ensure_blas_kernels: the kernels this CPU runs
 #include "ddp/runtime/world.hpp"     // init_world, abort_world
 #include "ddp/train/trainer.hpp"     // run: the epoch loop
 
@@ -36,9 +37,12 @@ namespace {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before MPI: it may execute this program again (Note [BLAS kernels]).
+  const std::string blas = ddp::ensure_blas_kernels(argv);
   ddp::World world;
   try {
     world = ddp::init_mpi(&argc, &argv);
+    world.blas = blas;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddp_train: error: %s (rank ?)\n", e.what());
     ddp::abort_world(1);

@@ -66,9 +66,23 @@ double median(std::vector<double> v) {
 struct RankInfo {
   char host[64];
   char device[16];
+  char blas[192];
   int32_t local_rank, local_size, threads;
   int64_t shard, steps;
 };
+
+// The BLAS kernels the CPU ranks run (Note [BLAS kernels]): one line when
+// every rank runs the same, else one per rank.
+void describe_blas(const std::vector<RankInfo>& ranks, std::ostream& out) {
+  bool same = true;
+  for (const RankInfo& r : ranks) same = same && std::strcmp(r.blas, ranks[0].blas) == 0;
+  if (same) {
+    if (ranks[0].blas[0]) out << " BLAS: " << ranks[0].blas << "\n";
+    return;
+  }
+  for (size_t r = 0; r < ranks.size(); ++r)
+    if (ranks[r].blas[0]) out << " rank " << r << " BLAS: " << ranks[r].blas << "\n";
+}
 
 // One table of every rank, so a misconfigured job is visible in its first
 // lines; and the agreement check: every rank must take the same number of
@@ -81,6 +95,7 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
   RankInfo mine{};
   std::snprintf(mine.host, sizeof(mine.host), "%s", world.host.c_str());
   std::snprintf(mine.device, sizeof(mine.device), "%s", replica.device().c_str());
+  std::snprintf(mine.blas, sizeof(mine.blas), "%s", world.blas.c_str());
   mine.local_rank = world.local_rank;
   mine.local_size = world.local_size;
   mine.threads = replica.threads();
@@ -140,6 +155,7 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
                   static_cast<long long>(ranks[r].shard), static_cast<long long>(ranks[r].steps));
     out << line;
   }
+  describe_blas(ranks, out);
   out.flush();
 }
 
@@ -310,7 +326,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   // Before anything is read or trained; the checkpoint directory stays
   // locked for this job until run returns.
   std::unique_ptr<checkpoint::DirLock> dir_lock;
-  if (leader) dir_lock = check_run_paths(cfg, world.host);
+  if (leader) dir_lock = check_run_paths(cfg, world.host, std::cerr);
   if (dir_lock && !dir_lock->unguarded().empty()) std::cerr << "ddp_train: warning: " << dir_lock->unguarded() << "\n";
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_sec * 1000));
   std::unique_ptr<comm::Communicator> host_comm = comm::make_mpi_communicator(world);

@@ -14,6 +14,7 @@
 
 #include <cstdio>
 
+#include "ddp/runtime/blas_kernels.hpp"
 #include "ddp/runtime/world.hpp"
 
 namespace {
@@ -36,6 +37,8 @@ class FailuresOnly : public testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The kernels this CPU runs, as ddp_train (Note [BLAS kernels]).
+  ddp::ensure_blas_kernels(argv);
   testing::InitGoogleTest(&argc, argv);
   ddp::World world = ddp::init_world(&argc, &argv);
   if (world.rank != 0) {

@@ -17,6 +17,7 @@ struct World {
   int local_size = 1;   // processes on this node
   int threads = 1;      // CPU threads this rank may use: cores / local_size, at least 1
   std::string host;     // this node's hostname
+  std::string blas;     // the BLAS kernels this rank runs (ensure_blas_kernels), for the start-up table
   MPI_Comm comm = MPI_COMM_WORLD;
   MPI_Comm local_comm = MPI_COMM_NULL;
   bool owns_mpi = false;  // true when this World called MPI_Init_thread
