@@ -1,6 +1,8 @@
 #include "ddp/train/run_paths.hpp"
 
+#include <algorithm>
 #include <filesystem>
+#include <ostream>
 
 #include "ddp/core/error.hpp"
 
@@ -22,7 +24,7 @@ void check_output_file(const char* flag, const std::string& path) {
 
 }  // namespace
 
-std::unique_ptr<checkpoint::DirLock> check_run_paths(const Config& cfg, const std::string& host) {
+std::unique_ptr<checkpoint::DirLock> check_run_paths(const Config& cfg, const std::string& host, std::ostream& err) {
   if (!cfg.resume.empty() && cfg.resume != "auto") {
     std::error_code ec;
     const fs::file_status st = fs::status(cfg.resume, ec);
@@ -40,7 +42,12 @@ std::unique_ptr<checkpoint::DirLock> check_run_paths(const Config& cfg, const st
   if (!cfg.tensorboard.empty())
     checkpoint::check_writable_dir("--tensorboard", cfg.tensorboard, /*create=*/true);
   if (cfg.checkpoint_dir.empty()) return nullptr;
-  return std::make_unique<checkpoint::DirLock>(cfg.checkpoint_dir, host);
+  // The other ranks wait meanwhile in the preflight's collectives, bounded
+  // by --preflight-timeout: the wait for an orphaned holder stays well inside it.
+  const double wait_s = std::min(kOrphanWaitSec, cfg.preflight_timeout_sec / 2);
+  return std::make_unique<checkpoint::DirLock>(cfg.checkpoint_dir, host, wait_s, [&](const std::string& what) {
+    err << "ddp_train: " << what << std::endl;
+  });
 }
 
 }  // namespace ddp::train

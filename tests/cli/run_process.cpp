@@ -149,6 +149,8 @@ void BackgroundJob::kill_all() {
   }
 }
 
+std::string BackgroundJob::err_so_far() const { return read_text(dir_ + "/err"); }
+
 int BackgroundJob::alive() const { return int(session_processes(pid_).size()); }
 
 int BackgroundJob::rank_pid(int rank) const {

@@ -38,6 +38,8 @@ class BackgroundJob {
   // processes are alive (the launcher's session, zombies aside).
   int rank_pid(int rank) const;
   int alive() const;
+  // What the job has written to stderr so far.
+  std::string err_so_far() const;
 
  private:
   int pid_ = -1;

@@ -4,6 +4,7 @@
 // nothing already saved is lost. (Malformed checkpoints: BadCheckpoint.* in
 // test_checkpoint.cpp; the readers themselves: tests/unit.)
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -191,6 +192,45 @@ TEST_F(Hostile, TwoJobsInOneCheckpointDirectory) {
   auto again = run_ddp_train(kNp, args + " --epochs 60 --resume auto");
   EXPECT_EQ(again.status, 0) << again.err;
   EXPECT_NE(again.out.find("resuming from"), std::string::npos) << again.out;
+}
+
+// 12. A job restarted the moment its predecessor's launcher was SIGKILLed
+// (a retry loop, a requeue) while that job's rank 0 still holds the
+// directory: it waits for the orphaned rank, saying so, and resumes. The
+// orphaned ranks end by themselves within a second or so; rank 0 is stopped
+// as soon as the launcher is gone (not before: a process group orphaned with
+// a stopped member gets SIGHUP) so that it surely outlives the new job's
+// start, and ended once the new job waits.
+TEST_F(Hostile, RestartAfterTheLauncherIsKilledWaitsForItsRanks) {
+  const std::string ck = path("ck");
+  const std::string args = kSmall + " --checkpoint-dir " + ck + " --epochs 60 --resume auto";
+  BackgroundJob killed(2, args);
+  ASSERT_TRUE(wait_until([&] { return !checkpoint::list_checkpoints(ck).empty(); }, 120));
+  const int rank0 = killed.rank_pid(0);
+  ASSERT_GT(rank0, 0);
+  killed.signal_launcher(SIGKILL);
+  ASSERT_TRUE(wait_until([&] { return !killed.running(); }, 10));
+  ASSERT_EQ(::kill(rank0, SIGSTOP), 0);
+  auto state = [&] {  // /proc/<pid>/stat's state letter, "" once gone
+    const std::string stat = read_text("/proc/" + std::to_string(rank0) + "/stat");
+    const size_t close = stat.rfind(')');
+    return close == std::string::npos ? std::string() : stat.substr(close + 2, 1);
+  };
+  wait_until([&] { return state() != "R" && state() != "S"; }, 10);
+  ASSERT_EQ(state(), "T") << "the old rank 0 ended before it could be held";
+  BackgroundJob again(kNp, args + " --epochs 1");
+  const std::string waiting = "ddp_train: --checkpoint-dir " + ck + " is held by ddp_train pid " +
+                              std::to_string(rank0) + " on host ";
+  EXPECT_TRUE(wait_until([&] { return again.err_so_far().find(waiting) != std::string::npos; }, 60))
+      << again.err_so_far();
+  EXPECT_NE(again.err_so_far().find("a rank of a job whose launcher is gone; waiting up to 20 s for it to end"),
+            std::string::npos)
+      << again.err_so_far();
+  ::kill(rank0, SIGKILL);
+  const auto r = again.wait();
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("resuming from"), std::string::npos) << r.out;
+  killed.kill_all();
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "ddp/checkpoint/dir_lock.hpp"
@@ -15,8 +16,13 @@
 
 namespace ddp::train {
 
+// How long rank 0 waits for the ranks of a job whose launcher is gone to
+// release the checkpoint directory (Note [one job per checkpoint directory]).
+constexpr double kOrphanWaitSec = 20;
+
 // Throws ddp::Error naming the flag and the path. Returns the checkpoint
 // directory's lock (nullptr without --checkpoint-dir); hold it until the end.
-std::unique_ptr<checkpoint::DirLock> check_run_paths(const Config& cfg, const std::string& host);
+// A wait for an orphaned holder of the lock is said on err.
+std::unique_ptr<checkpoint::DirLock> check_run_paths(const Config& cfg, const std::string& host, std::ostream& err);
 
 }  // namespace ddp::train

@@ -4,6 +4,7 @@
 // allow is not accepted (the safetensors layout rules, non-finite weights,
 // run-state fields no run can have written).
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "ddp/checkpoint/checkpoint.hpp"
 #include "ddp/checkpoint/dir_lock.hpp"
@@ -240,6 +242,105 @@ TEST(DirLock, SecondHolderIsRefusedNamingTheFirstAndADeadOneIsNot) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_NO_THROW(DirLock again(dir, "node7"));
+  fs::remove_all(dir);
+}
+
+TEST(DirLock, HolderRecordsItselfAndItsLauncher) {
+  const LockHolder h = parse_lock_holder("ddp_train pid 4242 on host node3, launched by pid 4200");
+  EXPECT_EQ(h.pid, 4242);
+  EXPECT_EQ(h.host, "node3");
+  EXPECT_EQ(h.launcher, 4200);
+  // A lock file of an older ddp_train names no launcher: never an orphan.
+  const LockHolder old = parse_lock_holder("ddp_train pid 17 on host node3");
+  EXPECT_EQ(old.pid, 17);
+  EXPECT_EQ(old.launcher, -1);
+  EXPECT_FALSE(orphaned_holder(old, "node3", 1));
+  EXPECT_EQ(parse_lock_holder("").pid, -1);
+  // Orphaned: here, alive, with another parent than its launcher.
+  EXPECT_TRUE(orphaned_holder(h, "node3", 1));
+  EXPECT_FALSE(orphaned_holder(h, "node3", 4200));  // its launcher still there: a live job
+  EXPECT_FALSE(orphaned_holder(h, "node4", 1));     // another host's: cannot be seen from here
+  EXPECT_FALSE(orphaned_holder(h, "node3", -1));    // not a process here
+  EXPECT_EQ(parent_of(::getpid()), ::getppid());
+}
+
+// A holder whose launcher is gone (a grandchild whose parent exited) is
+// waited for, and the lock is taken once it ends; one whose launcher lives
+// is refused at once; an orphan that outlives the wait is named.
+TEST(DirLock, OrphanedHolderIsWaitedForAndALiveOneIsNot) {
+  const std::string dir = (fs::temp_directory_path() / ("ddp_orphan_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string host = "node5";
+  // A launcher (child) whose rank (grandchild) takes the lock and holds it
+  // until killed; the launcher exits at once when `orphan`, else lives until
+  // its rank ends. Returns the rank's pid, once it holds the lock.
+  std::vector<pid_t> holders;  // killed at the end whatever happens, so that none outlives the test
+  struct KillAll {
+    std::vector<pid_t>& pids;
+    ~KillAll() {
+      for (pid_t p : pids) ::kill(p, SIGKILL);
+    }
+  } kill_all{holders};
+  auto start_holder = [&](bool orphan, pid_t* launcher) {
+    int to_launcher[2], to_test[2];
+    EXPECT_EQ(::pipe(to_launcher), 0);
+    EXPECT_EQ(::pipe(to_test), 0);
+    const pid_t child = ::fork();
+    if (child == 0) {
+      const pid_t rank = ::fork();
+      if (rank == 0) {
+        DirLock held(dir, host);
+        const pid_t me = ::getpid();
+        if (::write(to_launcher[1], &me, sizeof me) != sizeof me) ::_exit(3);
+        for (;;) ::pause();
+      }
+      // Orphaned only once the rank holds the lock, naming this launcher.
+      pid_t locked = -1;
+      if (::read(to_launcher[0], &locked, sizeof locked) != sizeof locked ||
+          ::write(to_test[1], &locked, sizeof locked) != sizeof locked)
+        ::_exit(3);
+      if (orphan) ::_exit(0);
+      ::waitpid(rank, nullptr, 0);
+      ::_exit(0);
+    }
+    *launcher = child;
+    pid_t rank = -1;
+    EXPECT_EQ(::read(to_test[0], &rank, sizeof rank), ssize_t(sizeof rank));
+    for (int fd : {to_launcher[0], to_launcher[1], to_test[0], to_test[1]}) ::close(fd);
+    holders.push_back(rank);
+    if (orphan) ::waitpid(child, nullptr, 0);
+    return rank;
+  };
+
+  pid_t launcher = -1;
+  const pid_t orphan = start_holder(true, &launcher);
+  std::string said;
+  {
+    DirLock mine(dir, host, 60, [&](const std::string& what) {
+      said = what;
+      ::kill(orphan, SIGKILL);  // the orphan ends while we wait
+    });
+  }
+  EXPECT_NE(said.find("--checkpoint-dir " + dir + " is held by ddp_train pid " + std::to_string(orphan) +
+                      " on host node5, launched by pid " + std::to_string(launcher) +
+                      ", a rank of a job whose launcher is gone; waiting up to 60 s"),
+            std::string::npos)
+      << said;
+
+  const pid_t live = start_holder(false, &launcher);
+  said.clear();
+  auto msg = error_of([&] { DirLock l(dir, host, 60, [&](const std::string& w) { said = w; }); });
+  EXPECT_NE(msg.find("is in use by another job (ddp_train pid " + std::to_string(live)), std::string::npos) << msg;
+  EXPECT_TRUE(said.empty()) << said;
+  ::kill(live, SIGKILL);
+  ::waitpid(launcher, nullptr, 0);
+
+  const pid_t stays = start_holder(true, &launcher);
+  msg = error_of([&] { DirLock l(dir, host, 0.2); });
+  EXPECT_NE(msg.find(" is still held after 0.2 s by ddp_train pid " + std::to_string(stays)), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("whose launcher is gone"), std::string::npos) << msg;
   fs::remove_all(dir);
 }
 
