@@ -22,7 +22,7 @@
 #include "ddp/nn/device.hpp"       // make_cpu_device, Kernel: the per-op breakdown
 #include "ddp/nn/graph.hpp"        // model_graph
 #include "ddp/nn/model.hpp"        // Model, softmax_cross_entropy
-#include "ddp/nn/thread_pool.hpp"  // default_threads
+#include "ddp/nn/cpu/thread_pool.hpp"  // default_threads
 
 namespace {
 

@@ -3,9 +3,11 @@
 #   asan: build-asan, AddressSanitizer + UBSan: the unit tests, the MPI tests
 #         (np 2 and 4) and the fuzz regression inputs;
 #   tsan: build-tsan, ThreadSanitizer: the tests of what runs threads, the
-#         communicator (tests/mpi/ddp: its communication thread, the
-#         watchdog's thread), the watchdog's bookkeeping (tests/unit/ddp) and
-#         the loader (tests/unit/data: its prefetch thread).
+#         communicator (tests/mpi/comm: its communication thread, the
+#         watchdog's thread), the watchdog's bookkeeping (tests/unit/comm),
+#         the deterministic sums' lanes (tests/unit/deterministic,
+#         tests/mpi/deterministic) and the loader (tests/unit/data: its
+#         prefetch thread).
 # usage: scripts/sanitize.sh [asan] [tsan]   (default: both)
 # Any sanitizer report ends its process with an error, so the test fails.
 # Suppressions (tests/sanitize/) name third-party libraries only.
@@ -55,7 +57,7 @@ for kind in "${kinds[@]}"; do
     tsan)
       dir=$root/build-tsan
       configure "$dir" thread
-      build "$dir" test_data test_ddp test_nn mpi_test_ddp
+      build "$dir" test_data test_comm test_deterministic test_nn mpi_test_comm mpi_test_deterministic
       # OpenBLAS's own threads are not instrumented: one thread, so their
       # work is not taken for races on our buffers.
       export OPENBLAS_NUM_THREADS=1
@@ -63,7 +65,7 @@ for kind in "${kinds[@]}"; do
       # Of the data tests, the loader's run a thread; the IDX and synthetic
       # ones are single-threaded (and one of them is timed).
       GTEST_FILTER='Loader.*' ctest --test-dir "$dir" --output-on-failure -R '^unit_data$'
-      ctest --test-dir "$dir" --output-on-failure -R '^(unit_ddp|mpi_ddp_np[24])$'
+      ctest --test-dir "$dir" --output-on-failure -R '^(unit_comm|unit_deterministic|mpi_(comm|deterministic)_np[24])$'
       # --deterministic's lanes: micro-shards on the model's threads at once
       # (Note [lanes] in nn/device.hpp), and the pool under the kernels.
       GTEST_FILTER='Model.MicroShards*:Model.ResultsDoNotDependOnThreads:ThreadPool.*' \

@@ -234,7 +234,7 @@ class StagedMpiCommunicator final : public cuda_util::HostCollectives {
   // --deterministic's integer sums: through host memory on the caller's
   // thread, by its MPI communicator, done when this returns. Backward starts
   // one for each op it has finished (Note [overlapped sums],
-  // ddp/exact_sum.hpp); here each waits for the compute stream and the
+  // deterministic/exact_sum.hpp); here each waits for the compute stream and the
   // ranks, so on this backend they do not overlap backward.
   std::shared_ptr<Work> allreduce_int64_async(int64_t* data, size_t count, std::string what) override {
     const std::string desc = detail::concat(what, " (", format_bytes(count * sizeof(int64_t)), " as int64)");

@@ -6,7 +6,7 @@
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/rng.hpp"
-#include "ddp/nn/cpu_ops.hpp"
+#include "ddp/nn/cpu/ops.hpp"
 
 namespace ddp::nn {
 
@@ -365,7 +365,7 @@ void Model::run_backward(const float* dlogits, int batch, const std::function<vo
       // Note [shard runs]: the input gradients a run of micro-shards at a
       // time, then the parameter gradients one micro-shard at a time; or,
       // where the kernel converts them itself (Note [fixed-point epilogue]
-      // in packed_gemm.hpp), in the runs' calls too.
+      // in nn/cpu/packed_gemm.hpp), in the runs' calls too.
       const bool fixed = kernels_[i]->shards_in_one_call() && kernels_[i]->shard_grads_to_sinks() &&
                          !ps.empty() && !half_op(i);
       const bool runs = kernels_[i]->shards_in_one_call() &&

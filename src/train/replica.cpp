@@ -198,7 +198,7 @@ void Replica::reduced_passes(const float* x, const int32_t* y, int batch, size_t
 
 // Note [lanes] (nn/device.hpp): the model's micro-shards' gradients into the
 // fixed-point sums, lane by lane; an op's sums, once final, start across the
-// ranks while backward goes on (Note [overlapped sums], ddp/exact_sum.hpp).
+// ranks while backward goes on (Note [overlapped sums], deterministic/exact_sum.hpp).
 class Replica::ToExactSum final : public nn::ShardGradients {
  public:
   ToExactSum(ExactGradientSum& sum, comm::Communicator& comm) : sum_(sum), comm_(comm) {}

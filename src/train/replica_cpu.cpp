@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "ddp/core/finite.hpp"      // first_non_finite
-#include "ddp/ddp/fixed_point.hpp"  // round_loss_sum
-#include "ddp/nn/thread_pool.hpp"   // default_threads
+#include "ddp/core/fixed_point.hpp"  // round_loss_sum
+#include "ddp/nn/cpu/thread_pool.hpp"   // default_threads
 #include "ddp/train/replica.hpp"
 
 namespace ddp::train {

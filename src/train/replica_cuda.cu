@@ -25,7 +25,7 @@
 #include "ddp/comm/device_communicator.hpp"  // nccl, staged mpi
 #include "ddp/core/error.hpp"                // DDP_CHECK, UsageError
 #include "ddp/core/finite.hpp"               // first_non_finite
-#include "ddp/nn/cuda_device.hpp"            // make_cuda_device, loss kernels
+#include "ddp/nn/cuda/device.hpp"            // make_cuda_device, loss kernels
 #include "ddp/optim/kernels.hpp"             // make_cuda_kernels
 #include "ddp/runtime/cuda_check.hpp"        // DDP_CUDA_CHECK
 #include "ddp/runtime/cuda_context.hpp"      // Context, set_device

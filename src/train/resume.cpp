@@ -58,7 +58,7 @@ std::string dataset_id(const data::Dataset& d) {
 const std::string kOptimizerPrefix = "optimizer.";
 const std::string kOptimizerStep = "optimizer.step";
 // --deterministic's fixed-point exponent per parameter, flat order (Note
-// [fixed-point gradients], ddp/exact_sum.hpp).
+// [fixed-point gradients], deterministic/exact_sum.hpp).
 const std::string kGradExponents = "ddp.deterministic.grad_exponents";
 // --precision fp16's loss scaler, as torch.amp.GradScaler's state_dict names
 // them (optim/grad_scaler.hpp).

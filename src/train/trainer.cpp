@@ -25,7 +25,7 @@
 #include "ddp/data/dataset.hpp"             // load_idx_dir, make_synthetic
 #include "ddp/data/loader.hpp"              // Loader: prefetching batches
 #include "ddp/data/sampler.hpp"             // DistributedSampler, eval_shard
-#include "ddp/ddp/reducer.hpp"              // broadcast_from_rank0
+#include "ddp/reducer/reducer.hpp"              // broadcast_from_rank0
 #include "ddp/nn/graph.hpp"                 // model_graph: the model, described once
 #include "ddp/nn/model.hpp"                 // init_state
 #include "ddp/observe/tensorboard.hpp"       // TensorBoardWriter: --tensorboard
@@ -345,7 +345,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   const data::Dataset& train = data.train;
   data::DistributedSampler sampler(train.n, world.size, world.rank, cfg.seed);
   // Micro-shards are contiguous blocks of the global batch (Note [fixed-point
-  // gradients], ddp/exact_sum.hpp).
+  // gradients], deterministic/exact_sum.hpp).
   if (cfg.deterministic_shards > 0) sampler.set_contiguous(cfg.batch_size);
   const int64_t steps = sampler.num_samples() / per_rank;
 

@@ -1,6 +1,6 @@
 // --deterministic as a user relies on it: the same parameters, to the bit, at
 // every world size that shares the micro-shards, and after a kill and a resume
-// on another world size (Note [fixed-point gradients], ddp/exact_sum.hpp).
+// on another world size (Note [fixed-point gradients], deterministic/exact_sum.hpp).
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -73,7 +73,7 @@ TEST(Training, SummaryMetricsAndStartupTable) {
 }
 
 // A recipe with margin: test accuracy 0.99-1.0 for seeds 0-5 with OpenBLAS's
-// default and Haswell kernels, with and without nn/simd.hpp's AVX-512 path,
+// default and Haswell kernels, with and without core/simd.hpp's AVX-512 path,
 // at np 2 (and 4, netns_two_hosts), so last-bit differences between CPUs
 // cannot decide it.
 TEST(Training, LearnsTheSyntheticDataset) {
@@ -90,7 +90,7 @@ TEST(Training, LearnsTheSyntheticDataset) {
 // That order differs (per-rank sums, then the all-reduce), and training
 // amplifies the last bits (a ReLU that flips, the N(0, 0.01) plateau's exit),
 // so the comparison is over one epoch (18 steps): 60 pairs there (seeds 0-9;
-// OpenBLAS's default, Haswell and SkylakeX kernels; nn/simd.hpp's AVX-512
+// OpenBLAS's default, Haswell and SkylakeX kernels; core/simd.hpp's AVX-512
 // path on and compiled out) differed by 3e-7 to 9.3e-5. Another seed differs
 // by ~1, other samples too, and a 0.1% larger learning rate by 7e-3, so 1e-3 tells
 // a real difference from rounding with margin on both sides. (README,
@@ -131,7 +131,7 @@ TEST(Training, OverlapAndDeferredCommunicationAgree) {
 // epochs than the full set to leave the plateau of the N(0, 0.01) start), at
 // every world size the issue names. Plain SGD at lr 0.2 has margin: seeds 0-2
 // at np 1, 2 and 4, with the default kernels and with OpenBLAS's Haswell ones
-// and nn/simd.hpp's AVX-512 path compiled out, ended at 0.75-0.79.
+// and core/simd.hpp's AVX-512 path compiled out, ended at 0.75-0.79.
 class D2lRecipe : public ::testing::TestWithParam<int> {};
 
 TEST_P(D2lRecipe, LearnsRealFashionMnist) {

@@ -24,7 +24,7 @@ netns_test_begin
 # for real, in several buckets so that all-reduces overlap backward across the
 # hosts, on a recipe with margin (Training.LearnsTheSyntheticDataset's): test
 # accuracy 0.99-1.0 for seeds 0-3 and 7 at np 2 and 4, with OpenBLAS's
-# Haswell and SkylakeX kernels and with nn/simd.hpp's AVX-512 path compiled
+# Haswell and SkylakeX kernels and with core/simd.hpp's AVX-512 path compiled
 # out; the check below asks for 0.9, so no last-bit difference between CPUs
 # decides it.
 args=(--synthetic 3000 --epochs 4 --batch-size 32 --lr 0.03 --momentum 0.9 --seed 7 --bucket-cap-mb 0.2 --quiet)

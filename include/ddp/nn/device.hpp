@@ -3,8 +3,8 @@
 // (nn/model.hpp), is written once for every device.
 //
 // The CPU device is the reference: its kernels are the free functions of
-// nn/cpu_ops.hpp (src/nn/*_cpu.cpp); the GPU device's kernels sit beside
-// them (src/nn/*_cuda.cu) and must agree with them.
+// nn/cpu/ops.hpp (src/nn/cpu/*.cpp); the GPU device's kernels sit beside
+// them (src/nn/cuda/*.cu) and must agree with them.
 //
 // Note [gradient accumulation]: a kernel's backward ADDS parameter gradients
 // into dp (beta = 1 in GEMM terms), as PyTorch does; the replica zeroes the
@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/ddp/fixed_point.hpp"  // Sink
+#include "ddp/core/fixed_point.hpp"  // Sink
 #include "ddp/nn/graph.hpp"
 #include "ddp/nn/precision.hpp"
 
@@ -29,7 +29,7 @@ namespace ddp::nn {
 enum class Mode { Train, Eval };
 
 // Note [micro-shards]: under --deterministic a rank's batch is a run of
-// micro-shards of a fixed size, the same at every world size (ddp/exact_sum.hpp).
+// micro-shards of a fixed size, the same at every world size (deterministic/exact_sum.hpp).
 // A model with BatchNorm runs its whole batch op by op (Model::forward with a
 // shard size): every other op is called once per micro-shard, so its kernels
 // see the batch they would see at any world size, and BatchNorm takes the
@@ -51,12 +51,12 @@ enum class Mode { Train, Eval };
 // their call's batch may take a lane's micro-shards in one call
 // (Kernel::shards_in_one_call): a CPU convolution on the packed GEMM, whose
 // every output element is the same float whatever columns sit beside it
-// (Note [packed weights] in packed_gemm.hpp), on the path and tile size its
+// (Note [packed weights] in nn/cpu/packed_gemm.hpp), on the path and tile size its
 // micro-shard's size chose. Its weights are then read once a run rather than
 // once a micro-shard: ResNet-18's 512-channel layers stream 17 MB of them a
 // call. Only the weight and bias gradients, summed per micro-shard, still
 // take a call each, but where the kernel converts them into the fixed-point
-// sums itself (Note [fixed-point epilogue] in packed_gemm.hpp). Evaluation's
+// sums itself (Note [fixed-point epilogue] in nn/cpu/packed_gemm.hpp). Evaluation's
 // last, smaller micro-shard is a call alone.
 struct OpArgs {
   int batch = 0;
@@ -76,7 +76,7 @@ struct OpArgs {
   // sample (for what a kernel keeps per sample between forward and backward).
   int lane = -1;
   int64_t first = 0;
-  // Note [fixed-point epilogue] (packed_gemm.hpp): empty, or, on a backward
+  // Note [fixed-point epilogue] (nn/cpu/packed_gemm.hpp): empty, or, on a backward
   // call with a run of micro-shards of `shard` samples (and no a.dp), one
   // Sink per parameter: each micro-shard's parameter gradients go there,
   // converted and added by the kernel (Kernel::shard_grads_to_sinks).
@@ -169,7 +169,7 @@ class Kernel {
   // with no input gradient; the runs' backward calls get nullptr in every
   // a.dp, for no parameter gradient.
   virtual bool shards_in_one_call() const { return false; }
-  // Note [fixed-point epilogue] (packed_gemm.hpp): true when, after
+  // Note [fixed-point epilogue] (nn/cpu/packed_gemm.hpp): true when, after
   // begin_shards for backward, a backward call with a run of whole
   // micro-shards (as shards_in_one_call) and OpArgs::sinks set adds each
   // micro-shard's parameter gradients, converted on their own, into the
@@ -222,7 +222,7 @@ class Device {
 };
 
 // The CPU device: kernels on `threads` threads of a pool of its own (OpenBLAS
-// single-threaded on each: Note [serial OpenBLAS] in gemm.hpp).
+// single-threaded on each: Note [serial OpenBLAS] in nn/cpu/gemm.hpp).
 std::unique_ptr<Device> make_cpu_device(int threads);
 
 }  // namespace ddp::nn

@@ -1,5 +1,5 @@
 // The arithmetic of the GPU layers' own kernels and the shapes of their cuBLAS
-// calls, as plain functions: the kernels in src/nn/*_cuda.cu call them on the
+// calls, as plain functions: the kernels in src/nn/cuda/*.cu call them on the
 // device, and tests/unit/nn/kernel_math_test.cpp calls them on the host
 // against the CPU layers, so their index math and formulas are checked on any
 // machine. What only a GPU can check (launches, cuDNN, cuBLAS itself,
@@ -7,7 +7,7 @@
 //
 // Each *_at function computes one output element from its flat index i; a
 // kernel runs it for every i in a grid-stride loop, the host test in a plain
-// loop. NCHW throughout, as the CPU layers (cpu_ops.hpp).
+// loop. NCHW throughout, as the CPU layers (nn/cpu/ops.hpp).
 #pragma once
 
 #include <math.h>  // exp, log on both sides (::exp(double) under nvcc too)
@@ -19,7 +19,7 @@
 
 namespace ddp::nn::kernel {
 
-// 2x2 / stride-2 average pooling, floor on odd sizes (pool_cpu.cpp). Output
+// 2x2 / stride-2 average pooling, floor on odd sizes (nn/cpu/pool.cpp). Output
 // element i of planes x (h/2) x (w/2); with relu the window is max(x, 0)
 // first (ConvReluPool).
 DDP_HOST_DEVICE inline float avgpool2_forward_at(int64_t i, int h, int w, const float* x, bool relu) {
@@ -37,7 +37,7 @@ DDP_HOST_DEVICE inline float avgpool2_forward_at(int64_t i, int h, int w, const 
     b0 = b0 > 0.0f ? b0 : 0.0f;
     b1 = b1 > 0.0f ? b1 : 0.0f;
   }
-  return 0.25f * ((a0 + a1) + (b0 + b1));  // pool_cpu.cpp's order
+  return 0.25f * ((a0 + a1) + (b0 + b1));  // nn/cpu/pool.cpp's order
 }
 
 // Input gradient element i of planes x h x w: a quarter of its window's
@@ -53,12 +53,12 @@ DDP_HOST_DEVICE inline float avgpool2_backward_at(int64_t i, int h, int w, const
   return 0.25f * dy[(p * oh + row / 2) * int64_t(ow) + col / 2];
 }
 
-// relu_cpu.cpp's comparisons, so a NaN and a zero take the same branch on
+// nn/cpu/relu.cpp's comparisons, so a NaN and a zero take the same branch on
 // both devices; backward reads the output (y > 0 exactly where x > 0).
 DDP_HOST_DEVICE inline float relu_at(float x) { return x > 0.0f ? x : 0.0f; }
 DDP_HOST_DEVICE inline float relu_grad_at(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
 
-// The residual add (add_cpu.cpp): y = a + b, then max(y, 0) with relu; its
+// The residual add (nn/cpu/add.cpp): y = a + b, then max(y, 0) with relu; its
 // gradient passes where the output is positive (or everywhere without relu).
 DDP_HOST_DEVICE inline float add_at(float a, float b, bool relu) {
   const float s = a + b;
@@ -66,7 +66,7 @@ DDP_HOST_DEVICE inline float add_at(float a, float b, bool relu) {
 }
 DDP_HOST_DEVICE inline float add_grad_at(float y, float dy, bool relu) { return !relu || y > 0.0f ? dy : 0.0f; }
 
-// Global average pooling (pool_cpu.cpp): plane p's mean, summed in order, and
+// Global average pooling (nn/cpu/pool.cpp): plane p's mean, summed in order, and
 // the gradient of element i of planes x hw.
 DDP_HOST_DEVICE inline float global_avgpool_at(int64_t p, int hw, const float* x) {
   const float inv = 1.0f / float(hw);
@@ -78,7 +78,7 @@ DDP_HOST_DEVICE inline float global_avgpool_grad_at(int64_t i, int hw, const flo
   return dy[i / hw] * (1.0f / float(hw));
 }
 
-// BatchNorm2d's per-channel constants (cpu_device.cpp's BatchNorm and the GPU
+// BatchNorm2d's per-channel constants (nn/cpu/device.cpp's BatchNorm and the GPU
 // kernels both take them from here). count is the number of values the
 // statistics cover (every rank's with a synchronised BatchNorm).
 DDP_HOST_DEVICE inline float bn_mean(double sum, double count) { return float(sum / count); }
@@ -142,7 +142,7 @@ DDP_HOST_DEVICE inline int argmax_row(const float* z, int classes) {
   return best;
 }
 
-// One row of softmax cross-entropy as loss_cpu.cpp computes it (shifted by
+// One row of softmax cross-entropy as nn/cpu/loss.cpp computes it (shifted by
 // z[best], the row's max; exp and log in double): returns the row's loss and
 // writes d(mean loss)/d(z) into d (if not nullptr), inv_batch being 1/batch.
 // A label outside [0, classes) cannot throw on the device as the CPU does:

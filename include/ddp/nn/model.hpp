@@ -42,7 +42,7 @@ class ShardGradients {
   // in flat order), g[0] being param first's element 0. Lanes call at once,
   // each with its own lane (Note [lanes]); g is the lane's until it returns.
   virtual void take(int lane, const float* g, size_t first, size_t count) = 0;
-  // Note [fixed-point epilogue] (nn/packed_gemm.hpp): where lane `lane`'s
+  // Note [fixed-point epilogue] (nn/cpu/packed_gemm.hpp): where lane `lane`'s
   // gradients of params [first, first + count) go when they are fixed-point
   // sums in host memory (one Sink a param, into out), for a kernel that
   // converts and adds each micro-shard's gradients itself; false (nothing
@@ -177,7 +177,7 @@ class Model {
 
 // Mean softmax cross-entropy over the batch (host memory); writes
 // d(mean loss)/d(logits) when dlogits is not nullptr, the mean over
-// grad_batch samples where it is > 0 (cpu_ops.hpp).
+// grad_batch samples where it is > 0 (nn/cpu/ops.hpp).
 float softmax_cross_entropy(const float* logits, const int32_t* labels, int batch, int classes, float* dlogits,
                             int grad_batch = 0);
 // Rows whose arg-max (the first maximum, as torch.argmax) equals the label.

@@ -33,7 +33,7 @@ Precision parse_precision(const std::string& s);
 
 // x in p's 16-bit format (bf16 or fp16; ties to even, beyond fp16's range
 // an infinity, NaN a NaN), and back: what the GPU's half kernels read and
-// write (Note [half kernels], src/nn/half_cuda.cu). p is not fp32.
+// write (Note [half kernels], src/nn/cuda/half.cu). p is not fp32.
 DDP_HOST_DEVICE inline uint16_t to_half_bits(Precision p, float x) {
   return p == Precision::BF16 ? float_to_bf16(x) : float_to_fp16(x);
 }
@@ -47,7 +47,7 @@ DDP_HOST_DEVICE inline float round_to(Precision p, float x) {
   return p == Precision::F32 ? x : half_bits_to_float(p, to_half_bits(p, x));
 }
 
-// Note [half kernels] (src/nn/half_cuda.cu): element i of an NCHW output of
+// Note [half kernels] (src/nn/cuda/half.cu): element i of an NCHW output of
 // `channels` planes of `pixels` values, from its 16-bit convolution yh: with a
 // bias b, yh + b rounded (b rounded first, as a 16-bit bias is), else yh.
 DDP_HOST_DEVICE inline float plane_from_half_at(int64_t i, int channels, int64_t pixels, Precision p,

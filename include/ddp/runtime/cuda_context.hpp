@@ -55,7 +55,7 @@ class Context {
   void* workspace(size_t bytes);
   // A second one, grown and shared the same way, for what an op converts
   // before a cuDNN or cuBLAS call that also takes the workspace: the 16-bit
-  // copies of Note [half kernels] (src/nn/half_cuda.cu).
+  // copies of Note [half kernels] (src/nn/cuda/half.cu).
   void* staging(size_t bytes);
 
   // Stream-ordered memory on the compute stream (cudaMallocAsync): freed

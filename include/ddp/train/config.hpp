@@ -40,7 +40,7 @@ struct Config {
   bool sync_bn = false;          // BatchNorm statistics over all ranks (--sync-bn)
   // --deterministic: the global batch in this many micro-shards, gradients
   // summed in fixed point, so every world size dividing it gives the same bits
-  // (ddp/exact_sum.hpp). 0: off.
+  // (deterministic/exact_sum.hpp). 0: off.
   int deterministic_shards = 0;
   double timeout_sec = 300.0;    // bound on every collective
   bool debug_collectives = false;  // compare every rank's next collective before each one

@@ -23,8 +23,8 @@
 #include "ddp/comm/communicator.hpp"  // Communicator
 #include "ddp/comm/watchdog.hpp"      // Watchdog: the GPU communicator watched
 #include "ddp/data/loader.hpp"        // Batch
-#include "ddp/ddp/exact_sum.hpp"      // ExactGradientSum: --deterministic
-#include "ddp/ddp/reducer.hpp"        // Reducer
+#include "ddp/deterministic/exact_sum.hpp"      // ExactGradientSum: --deterministic
+#include "ddp/reducer/reducer.hpp"        // Reducer
 #include "ddp/nn/model.hpp"           // Model, ModelState, Graph
 #include "ddp/optim/grad_scaler.hpp"  // GradScaler: --precision fp16's loss scale
 #include "ddp/optim/optimizer.hpp"    // Optimizer: SGD, AdamW, their state, clipping
@@ -76,7 +76,7 @@ struct StepHealth {
 struct TrainState {
   nn::ModelState model;
   optim::State optimizer;
-  // --deterministic's fixed-point exponent per parameter (ddp/exact_sum.hpp);
+  // --deterministic's fixed-point exponent per parameter (deterministic/exact_sum.hpp);
   // empty without it.
   std::vector<int64_t> grad_exponents;
   // --precision fp16's loss scaler: its scale (0: none) and its count of good
@@ -120,7 +120,7 @@ class Backend {
   // are exact in double and the same in any order.
   virtual void set_exact_loss() = 0;
   // --deterministic's fixed-point sum, its integers in this device's memory
-  // (ddp/exact_sum.hpp).
+  // (deterministic/exact_sum.hpp).
   virtual std::unique_ptr<ExactGradientSum> make_exact_sum(std::vector<size_t> param_numels, int shards) = 0;
 
   // Whether all_finite is cheap enough to run every step (it needs the host

@@ -1,4 +1,4 @@
-// --deterministic on GPUs (Note [fixed-point gradients], ddp/exact_sum.hpp):
+// --deterministic on GPUs (Note [fixed-point gradients], deterministic/exact_sum.hpp):
 // the CPU's DeterministicStep test (mpi/train/deterministic_test.cpp) with
 // GPU replicas. Three steps at this world size (ranks on GPUs of their own
 // use NCCL's integer all-reduce, ranks sharing one the staged mpi backend)

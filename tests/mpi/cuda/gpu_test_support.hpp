@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "../ddp/test_world.hpp"             // test_world, rank_value, sum_over_ranks, expect_contains
+#include "../test_world.hpp"             // test_world, rank_value, sum_over_ranks, expect_contains
 #include "ddp/comm/device_communicator.hpp"  // DeviceCommunicator, ReduceOp
-#include "ddp/ddp/reducer.hpp"               // Reducer
+#include "ddp/reducer/reducer.hpp"               // Reducer
 #include "ddp/runtime/cuda_check.hpp"        // DDP_CUDA_CHECK
 #include "ddp/runtime/cuda_context.hpp"      // cuda::Context, DeviceBuffer, device_count
 #include "ddp/train/replica.hpp"             // make_cuda_backend: the replica tests' GPU backend

@@ -13,7 +13,7 @@
 #include "ddp/nn/model.hpp"           // Model, init_state
 #include "ddp/train/optim_config.hpp"
 #include "ddp/train/replica.hpp"
-#include "../ddp/test_world.hpp"
+#include "../test_world.hpp"
 
 namespace ddp::train {
 namespace {

@@ -21,7 +21,7 @@
 #include "ddp/nn/model.hpp"  // init_state
 #include "ddp/train/optim_config.hpp"
 #include "ddp/train/replica.hpp"
-#include "../ddp/test_world.hpp"
+#include "../test_world.hpp"
 #include "make_backend.hpp"  // MakeBackend
 
 namespace ddp::train::test {
@@ -80,7 +80,7 @@ inline std::vector<uint32_t> bits(const std::vector<float>& v) {
 
 // `steps` steps at lr 0.1 from `start`, each on this rank's part of its
 // global batch; the state after them. With redone, the steps that had to be
-// computed again (ddp/exact_sum.hpp) go there.
+// computed again (deterministic/exact_sum.hpp) go there.
 inline TrainState run_steps(const World& w, const nn::Graph& g, const TrainState& start, int steps,
                             const MakeBackend& make, int64_t* redone = nullptr) {
   const Config cfg = deterministic_config();
@@ -94,7 +94,7 @@ inline TrainState run_steps(const World& w, const nn::Graph& g, const TrainState
   return after;
 }
 
-// Note [fixed-point gradients] (ddp/exact_sum.hpp): three steps of g at
+// Note [fixed-point gradients] (deterministic/exact_sum.hpp): three steps of g at
 // world w and on rank 0 alone (a world of one over MPI_COMM_SELF, taking
 // every micro-shard) end with the same parameters, buffers and exponents,
 // and every rank of w with rank 0's.

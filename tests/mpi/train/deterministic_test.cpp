@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "ddp/comm/communicator.hpp"  // make_mpi_communicator
-#include "ddp/ddp/exact_sum.hpp"      // kMaxExponent
+#include "ddp/deterministic/exact_sum.hpp"      // kMaxExponent
 #include "deterministic_runs.hpp"     // small nets, run_steps, expect_world_matches_one_rank
 
 namespace ddp::train {

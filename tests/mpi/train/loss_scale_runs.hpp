@@ -16,7 +16,7 @@
 #include "ddp/nn/model.hpp"  // init_state
 #include "ddp/train/optim_config.hpp"
 #include "ddp/train/replica.hpp"
-#include "../ddp/test_world.hpp"
+#include "../test_world.hpp"
 #include "make_backend.hpp"  // MakeBackend
 
 namespace ddp::train::test {

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "../ddp/one_rank.hpp"          // OneRank: a world of one without MPI
-#include "ddp/ddp/exact_sum.hpp"        // HostExactGradientSum, make_cuda_exact_sum
-#include "ddp/ddp/fixed_point.hpp"      // round_loss_sum
-#include "ddp/nn/cuda_device.hpp"       // softmax_cross_entropy_cuda
+#include "../one_rank.hpp"          // OneRank: a world of one without MPI
+#include "ddp/deterministic/exact_sum.hpp"        // HostExactGradientSum, make_cuda_exact_sum
+#include "ddp/core/fixed_point.hpp"      // round_loss_sum
+#include "ddp/nn/cuda/device.hpp"       // softmax_cross_entropy_cuda
 #include "ddp/nn/model.hpp"             // softmax_cross_entropy (the CPU's)
 #include "nn_cuda_test_util.hpp"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ddp/core/error.hpp"      // ddp::Error
-#include "ddp/nn/cuda_device.hpp"  // make_cuda_device
+#include "ddp/nn/cuda/device.hpp"  // make_cuda_device
 #include "ddp/nn/device.hpp"       // make_cpu_device, Kernel, OpArgs
 #include "ddp/nn/graph.hpp"        // GraphBuilder
 #include "nn_cuda_test_util.hpp"

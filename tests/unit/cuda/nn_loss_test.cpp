@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ddp/core/rng.hpp"       // labels
-#include "ddp/nn/cuda_device.hpp"  // softmax_cross_entropy_cuda, count_correct_cuda
+#include "ddp/nn/cuda/device.hpp"  // softmax_cross_entropy_cuda, count_correct_cuda
 #include "ddp/nn/model.hpp"       // softmax_cross_entropy, count_correct
 #include "nn_cuda_test_util.hpp"
 

@@ -14,7 +14,7 @@
 
 #include "ddp/core/error.hpp"     // ddp::Error
 #include "ddp/core/rng.hpp"       // inputs and labels
-#include "ddp/nn/cuda_device.hpp"  // make_cuda_device, softmax_cross_entropy_cuda
+#include "ddp/nn/cuda/device.hpp"  // make_cuda_device, softmax_cross_entropy_cuda
 #include "ddp/nn/graph.hpp"        // model_graph
 #include "ddp/nn/model.hpp"        // Model, init_state, softmax_cross_entropy
 #include "ddp/optim/kernels.hpp"    // the CPU and GPU optimizer kernels

@@ -1,4 +1,4 @@
-// --precision bf16|fp16 on the GPU (Note [half kernels], src/nn/half_cuda.cu):
+// --precision bf16|fp16 on the GPU (Note [half kernels], src/nn/cuda/half.cu):
 // cuDNN's and cuBLAS's 16-bit kernels against the CPU's fp32 kernels with
 // Model's roundings (Note [mixed precision], nn/precision.hpp).
 //  - One layer of each kind (a convolution with a bias, a strided one, the
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "ddp/core/rng.hpp"         // inputs and labels
-#include "ddp/nn/cuda_device.hpp"   // make_cuda_device, softmax_cross_entropy_cuda
+#include "ddp/nn/cuda/device.hpp"   // make_cuda_device, softmax_cross_entropy_cuda
 #include "ddp/nn/graph.hpp"         // GraphBuilder, model_graph
 #include "ddp/nn/model.hpp"         // Model, init_state, softmax_cross_entropy
 #include "ddp/nn/precision.hpp"     // Precision, round_to

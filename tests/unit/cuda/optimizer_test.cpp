@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ddp/nn/cuda_device.hpp"   // make_cuda_device
+#include "ddp/nn/cuda/device.hpp"   // make_cuda_device
 #include "ddp/optim/kernels.hpp"    // make_cpu_kernels, make_cuda_kernels
 #include "ddp/optim/optimizer.hpp"  // Optimizer
 #include "nn_cuda_test_util.hpp"

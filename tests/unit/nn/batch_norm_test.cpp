@@ -8,7 +8,7 @@
 
 #include "cpu_model.hpp"
 #include "ddp/core/error.hpp"
-#include "ddp/nn/cpu_ops.hpp"
+#include "ddp/nn/cpu/ops.hpp"
 #include "ddp/nn/graph.hpp"
 #include "grad_check.hpp"
 

@@ -3,7 +3,7 @@
 // reported as such.
 #include <gtest/gtest.h>
 
-#include "ddp/nn/conv_algo.hpp"
+#include "ddp/nn/cuda/conv_algo.hpp"
 
 namespace ddp::nn {
 namespace {

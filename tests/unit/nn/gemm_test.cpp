@@ -8,8 +8,8 @@
 #include <thread>
 #include <vector>
 
-#include "ddp/nn/gemm.hpp"
-#include "ddp/nn/thread_pool.hpp"
+#include "ddp/nn/cpu/gemm.hpp"
+#include "ddp/nn/cpu/thread_pool.hpp"
 #include "grad_check.hpp"
 
 namespace ddp::nn {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ddp/core/rng.hpp"
-#include "ddp/nn/cpu_ops.hpp"  // cpu::ConvGeom
+#include "ddp/nn/cpu/ops.hpp"  // cpu::ConvGeom
 
 namespace ddp::nn::test {
 

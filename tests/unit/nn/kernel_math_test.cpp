@@ -12,7 +12,7 @@
 #include <tuple>
 #include <vector>
 
-#include "ddp/nn/cpu_ops.hpp"
+#include "ddp/nn/cpu/ops.hpp"
 #include "ddp/nn/kernel_math.hpp"
 #include "ddp/nn/model.hpp"  // count_correct
 #include "grad_check.hpp"
@@ -147,7 +147,7 @@ TEST(KernelMath, LinearBackwardMatchesTheCpu) {
   }
 }
 
-// The loss kernel's rows (rows_kernel in loss_cuda.cu): each row's loss
+// The loss kernel's rows (rows_kernel in nn/cuda/loss.cu): each row's loss
 // summed, then divided by the batch, is the CPU's mean loss, and the
 // gradients are the CPU's.
 TEST(KernelMath, SoftmaxRowsMatchTheCpuLoss) {

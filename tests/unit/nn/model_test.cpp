@@ -16,12 +16,12 @@
 #include "cpu_model.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/rng.hpp"
-#include "ddp/ddp/fixed_point.hpp"  // Sink, quantize_add
-#include "ddp/nn/cpu_ops.hpp"  // winograd_applies, winograd_applies_to_shards
+#include "ddp/core/fixed_point.hpp"  // Sink, quantize_add
+#include "ddp/nn/cpu/ops.hpp"  // winograd_applies, winograd_applies_to_shards
 #include "ddp/nn/graph.hpp"
 #include "ddp/nn/model.hpp"
-#include "ddp/nn/packed_gemm.hpp"  // kFixedPointGemm
-#include "ddp/nn/thread_pool.hpp"
+#include "ddp/nn/cpu/packed_gemm.hpp"  // kFixedPointGemm
+#include "ddp/nn/cpu/thread_pool.hpp"
 #include "grad_check.hpp"
 
 namespace ddp::nn {
@@ -660,7 +660,7 @@ struct Sunk final : ShardGradients {
   std::vector<int> by_take, by_sinks;
 };
 
-// Note [fixed-point epilogue] (packed_gemm.hpp): where the sums are the
+// Note [fixed-point epilogue] (nn/cpu/packed_gemm.hpp): where the sums are the
 // host's, a convolution whose micro-shards take their weight gradients by
 // im2col's GEMM (16 channels on 4x4, as above) converts them itself, one
 // call a run of micro-shards; the linear layer's come by take, a micro-shard

@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "ddp/core/error.hpp"
-#include "ddp/nn/cpu_ops.hpp"
+#include "ddp/nn/cpu/ops.hpp"
 #include "cpu_model.hpp"
 #include "ddp/nn/graph.hpp"
 #include "ddp/nn/model.hpp"
-#include "ddp/nn/thread_pool.hpp"
+#include "ddp/nn/cpu/thread_pool.hpp"
 #include "grad_check.hpp"
 
 namespace ddp::nn {

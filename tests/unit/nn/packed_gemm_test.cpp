@@ -11,8 +11,8 @@
 #include <limits>
 #include <vector>
 
-#include "ddp/ddp/fixed_point.hpp"
-#include "ddp/nn/packed_gemm.hpp"
+#include "ddp/core/fixed_point.hpp"
+#include "ddp/nn/cpu/packed_gemm.hpp"
 #include "grad_check.hpp"
 
 namespace ddp::nn {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "ddp/core/error.hpp"
-#include "ddp/nn/thread_pool.hpp"
+#include "ddp/nn/cpu/thread_pool.hpp"
 
 namespace ddp::nn {
 namespace {

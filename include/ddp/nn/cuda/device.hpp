@@ -1,0 +1,33 @@
+// The GPU device (nn/device.hpp) on one cuda::Context: memory from the
+// context's stream-ordered pool, and for each op kind a kernel of
+// src/nn/cuda/*.cu. Every op runs on the context's compute stream; nothing
+// here synchronises the host unless it says so.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "ddp/nn/device.hpp"
+#include "ddp/runtime/cuda_context.hpp"  // cuda::Context
+
+namespace ddp::nn {
+
+std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx);
+
+// Softmax cross-entropy on the device, one launch: writes d(mean loss)/d(logits)
+// into dlogits (the mean over grad_batch samples where it is > 0, as on the
+// CPU) and ADDS the batch's summed loss to sums[0] and its number of
+// correct rows (arg-max == label) to sums[1] (device doubles), so a whole epoch
+// runs without the host reading anything. With exact_loss (--deterministic)
+// the loss is added in multiples of 2^-20 (nn/cuda/loss.cu), the same total in
+// any order.
+void softmax_cross_entropy_cuda(const float* logits, const int32_t* labels, int batch, int classes,
+                                float* dlogits, double* sums, cudaStream_t stream, int grad_batch = 0,
+                                bool exact_loss = false);
+// Adds the number of rows whose arg-max equals the label to *correct (device).
+void count_correct_cuda(const float* logits, const int32_t* labels, int batch, int classes, double* correct,
+                        cudaStream_t stream);
+
+}  // namespace ddp::nn

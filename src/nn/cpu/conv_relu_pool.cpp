@@ -1,0 +1,178 @@
+// conv2d -> ReLU -> 2x2 average pooling, fused on the CPU.
+//
+// Why fuse: unfused, LeNet's conv1 output (20x26x26 per image) is written by
+// the conv, read and written by ReLU, read by the pool, and the same again
+// backward: ~250 KB of memory traffic per image, more time than conv1's
+// arithmetic. Fused, the conv output is consumed from the GEMM's chunk buffer
+// while still in cache, and backward needs only one bit per element (Note
+// [relu mask]) to rebuild d(conv output) from the pooled gradient.
+//
+// Note [relu mask]: for each image, output channel and conv output row
+// oh < 2*PH (rows and columns past 2*PH x 2*PW feed no pooled output), bit j
+// of byte b of the row's conv_relu_mask_row_bytes is (conv + bias > 0) at
+// column 8b + j; bits at columns >= 2*PW are zero.
+#include <algorithm>
+#include <cstring>
+
+#include "ddp/core/error.hpp"
+#include "ddp/nn/cpu/conv_engine.hpp"
+#include "ddp/nn/cpu/ops.hpp"
+#include "ddp/core/simd.hpp"
+
+namespace ddp::nn::cpu {
+
+namespace {
+
+void check_poolable(const ConvGeom& g) {
+  check_conv_geom(g);
+  DDP_CHECK(g.out_h() >= 2 && g.out_w() >= 2, "conv2d+avgpool2: conv output ", g.out_h(), "x",
+            g.out_w(), " too small to pool 2x2");
+}
+
+// Relu + 2x2 mean of one conv output plane (src, OH x OW, before bias) into
+// dst (PH x PW), recording the relu mask rows.
+template <typename T>
+void relu_pool_plane(const T* src, T bias, int OW, int PH, int PW, int64_t rb, T* dst,
+                     uint8_t* mask) {
+#if DDP_NN_SIMD
+  using S = simd::Vec<T>;
+  using V = typename S::V;
+  using M = typename S::M;
+  constexpr int L = S::kLanes;
+  const V bv = S::set1(bias), quarter = S::set1(T(0.25));
+  for (int ph = 0; ph < PH; ++ph) {
+    const T* r0 = src + int64_t(2 * ph) * OW;
+    const T* r1 = r0 + OW;
+    uint8_t* m0 = mask + int64_t(2 * ph) * rb;
+    uint8_t* m1 = m0 + rb;
+    for (int c0 = 0; c0 < 2 * PW; c0 += 2 * L) {
+      const M lo = simd::lanes<T>(0, 2 * PW - c0), hi = simd::lanes<T>(0, 2 * PW - c0 - L);
+      V a0 = S::add(S::loadz(lo, r0 + c0), bv), a1 = S::add(S::loadz(hi, r0 + c0 + L), bv);
+      V b0 = S::add(S::loadz(lo, r1 + c0), bv), b1 = S::add(S::loadz(hi, r1 + c0 + L), bv);
+      const M ka0 = S::positive(a0) & lo, ka1 = S::positive(a1) & hi;
+      const M kb0 = S::positive(b0) & lo, kb1 = S::positive(b1) & hi;
+      // One mask word covers L columns: L / 8 == sizeof(M) bytes.
+      std::memcpy(m0 + c0 / 8, &ka0, sizeof(M));
+      std::memcpy(m0 + c0 / 8 + sizeof(M), &ka1, sizeof(M));
+      std::memcpy(m1 + c0 / 8, &kb0, sizeof(M));
+      std::memcpy(m1 + c0 / 8 + sizeof(M), &kb1, sizeof(M));
+      a0 = S::keep(ka0, a0);
+      a1 = S::keep(ka1, a1);
+      b0 = S::keep(kb0, b0);
+      b1 = S::keep(kb1, b1);
+      const V p = S::mul(S::pair_sum(S::add(a0, b0), S::add(a1, b1)), quarter);
+      S::store(dst + int64_t(ph) * PW + c0 / 2, simd::lanes<T>(0, PW - c0 / 2), p);
+    }
+  }
+#else
+  for (int ph = 0; ph < PH; ++ph) {
+    for (int r = 0; r < 2; ++r) std::fill(mask + (2 * ph + r) * rb, mask + (2 * ph + r + 1) * rb, 0);
+    for (int pw = 0; pw < PW; ++pw) {
+      T sum = T(0);
+      for (int r = 0; r < 2; ++r)
+        for (int c = 0; c < 2; ++c) {
+          const int oh = 2 * ph + r, ow = 2 * pw + c;
+          const T v = src[int64_t(oh) * OW + ow] + bias;
+          if (v > T(0)) {
+            sum += v;
+            mask[oh * rb + ow / 8] |= uint8_t(1u << (ow % 8));
+          }
+        }
+      dst[int64_t(ph) * PW + pw] = T(0.25) * sum;
+    }
+  }
+#endif
+}
+
+// d(conv output) of one plane (OH x OW) from the pooled gradient g (PH x PW).
+template <typename T>
+void unpool_plane(const T* g, const uint8_t* mask, int OH, int OW, int PH, int PW, int64_t rb,
+                  T* dst) {
+#if DDP_NN_SIMD
+  using S = simd::Vec<T>;
+  using V = typename S::V;
+  using M = typename S::M;
+  constexpr int L = S::kLanes;
+  const V quarter = S::set1(T(0.25));
+  for (int oh = 0; oh < OH; ++oh) {
+    T* row = dst + int64_t(oh) * OW;
+    if (oh >= 2 * PH) {
+      for (int c0 = 0; c0 < OW; c0 += L) S::store(row + c0, simd::lanes<T>(0, OW - c0), S::zero());
+      continue;
+    }
+    const T* gr = g + int64_t(oh / 2) * PW;
+    const uint8_t* mr = mask + oh * rb;
+    for (int c0 = 0; c0 < OW; c0 += L) {
+      M bits = 0;
+      if (c0 < 2 * PW) {
+        std::memcpy(&bits, mr + c0 / 8, sizeof(M));
+        bits &= simd::lanes<T>(0, 2 * PW - c0);
+      }
+      const V gv = S::loadz(simd::lanes<T>(0, std::min(L / 2, PW - c0 / 2)), gr + c0 / 2);
+      S::store(row + c0, simd::lanes<T>(0, OW - c0), S::keep(bits, S::mul(S::dup_pairs(gv), quarter)));
+    }
+  }
+#else
+  for (int oh = 0; oh < OH; ++oh)
+    for (int ow = 0; ow < OW; ++ow) {
+      const bool on = oh < 2 * PH && ow < 2 * PW && (mask[oh * rb + ow / 8] >> (ow % 8) & 1u);
+      dst[int64_t(oh) * OW + ow] = on ? T(0.25) * g[int64_t(oh / 2) * PW + ow / 2] : T(0);
+    }
+#endif
+}
+
+}  // namespace
+
+int64_t conv_relu_mask_row_bytes(const ConvGeom& g) {
+  // Whole 32-column words, so a vector's mask word never straddles rows.
+  return 4 * ((g.out_w() / 2 + 15) / 16);
+}
+
+int64_t conv_relu_mask_bytes(const ConvGeom& g) {
+  return int64_t(g.batch) * g.out_c * 2 * (g.out_h() / 2) * conv_relu_mask_row_bytes(g);
+}
+
+template <typename T>
+void conv2d_relu_avgpool2_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
+                                  uint8_t* mask, ConvScratch<T>& s, ThreadPool* pool) {
+  check_poolable(g);
+  const int OW = g.out_w(), OHW = g.out_h() * OW, PH = g.out_h() / 2, PW = OW / 2;
+  const int64_t rb = conv_relu_mask_row_bytes(g), plane_mask = 2 * PH * rb;
+  conv_forward_chunks(g, x, w, s, pool, nullptr, [&](int n0, int nb, const T* out, int64_t ld) {
+    for (int i = 0; i < nb; ++i)
+      for (int oc = 0; oc < g.out_c; ++oc) {
+        const int64_t plane = int64_t(n0 + i) * g.out_c + oc;
+        relu_pool_plane(out + int64_t(oc) * ld + int64_t(i) * OHW, b ? b[oc] : T(0), OW, PH, PW,
+                        rb, y + plane * PH * PW, mask + plane * plane_mask);
+      }
+  });
+}
+
+template <typename T>
+void conv2d_relu_avgpool2_backward(const ConvGeom& g, const T* x, const T* w, const uint8_t* mask,
+                                   const T* dy, T* dw, T* db, T* dx, ConvScratch<T>& s, ThreadPool* pool) {
+  check_poolable(g);
+  const int OH = g.out_h(), OW = g.out_w(), OHW = OH * OW, PH = OH / 2, PW = OW / 2;
+  const int64_t rb = conv_relu_mask_row_bytes(g), plane_mask = 2 * PH * rb;
+  conv_backward_chunks(g, x, w, dw, db, dx, s, pool, nullptr, [&](int n0, int nb, T* dyc, int64_t ld) {
+    for (int i = 0; i < nb; ++i)
+      for (int oc = 0; oc < g.out_c; ++oc) {
+        const int64_t plane = int64_t(n0 + i) * g.out_c + oc;
+        unpool_plane(dy + plane * PH * PW, mask + plane * plane_mask, OH, OW, PH, PW, rb,
+                     dyc + int64_t(oc) * ld + int64_t(i) * OHW);
+      }
+  });
+}
+
+template void conv2d_relu_avgpool2_forward<float>(const ConvGeom&, const float*, const float*, const float*,
+                                                  float*, uint8_t*, ConvScratch<float>&, ThreadPool*);
+template void conv2d_relu_avgpool2_forward<double>(const ConvGeom&, const double*, const double*, const double*,
+                                                   double*, uint8_t*, ConvScratch<double>&, ThreadPool*);
+template void conv2d_relu_avgpool2_backward<float>(const ConvGeom&, const float*, const float*, const uint8_t*,
+                                                   const float*, float*, float*, float*, ConvScratch<float>&,
+                                                   ThreadPool*);
+template void conv2d_relu_avgpool2_backward<double>(const ConvGeom&, const double*, const double*,
+                                                    const uint8_t*, const double*, double*, double*, double*,
+                                                    ConvScratch<double>&, ThreadPool*);
+
+}  // namespace ddp::nn::cpu

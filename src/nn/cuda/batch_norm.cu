@@ -1,0 +1,271 @@
+// BatchNorm2d on the GPU, in the steps of the CPU's (nn/cpu/ops.hpp): per channel
+// a block sums its plane of every image in double (a fixed reduction tree, so
+// results repeat bit for bit), one thread a channel turns the sums into the
+// constants (kernel_math.hpp's bn_*_channel, the CPU's very formulas), and an
+// element-wise pass applies them. With a StatsReducer the sums go to the
+// host, are summed over ranks (SyncBatchNorm), and come back. With
+// OpArgs::shard (--deterministic) every sum is taken micro-shard by
+// micro-shard and the shards' sums added in global shard order, as the CPU's
+// are (Note [micro-shards] in device.hpp).
+#include <cuda_runtime_api.h>
+
+#include "kernels.hpp"
+#include "ddp/core/error.hpp"          // DDP_CHECK
+#include "ddp/nn/kernel_math.hpp"      // bn_*
+#include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK, DDP_CUDA_CHECK_LAUNCH
+
+namespace ddp::nn {
+
+namespace {
+
+constexpr int kThreads = 256;  // a power of two: the block sum halves it
+
+// Block sums of (a, b) into s_a[0], s_b[0] (kThreads entries each).
+__device__ void block_sum2(double* sa, double* sb, double a, double b) {
+  sa[threadIdx.x] = a;
+  sb[threadIdx.x] = b;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      sa[threadIdx.x] += sa[threadIdx.x + half];
+      sb[threadIdx.x] += sb[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+}
+
+// Block ch: out[ch] = sum of x over the channel's values; with mean, the sum
+// of (x - mean[ch])^2 instead.
+__global__ void __launch_bounds__(kThreads)
+    bn_sums_kernel(int batch, int c, int hw, const float* __restrict__ x, const float* __restrict__ mean,
+                   double* __restrict__ out) {
+  __shared__ double sa[kThreads], sb[kThreads];
+  const int ch = blockIdx.x;
+  const double m = mean ? double(mean[ch]) : 0.0;
+  const int64_t n = int64_t(batch) * hw;
+  double s = 0.0;
+  for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+    const double v = double(x[(j / hw * c + ch) * hw + j % hw]);
+    s += mean ? (v - m) * (v - m) : v;
+  }
+  block_sum2(sa, sb, s, 0.0);
+  if (threadIdx.x == 0) out[ch] = sa[0];
+}
+
+// Block ch: out[ch] = sum(dy), out[c + ch] = sum(dy * (x - mean)).
+__global__ void __launch_bounds__(kThreads)
+    bn_grad_sums_kernel(int batch, int c, int hw, const float* __restrict__ x, const float* __restrict__ mean,
+                        const float* __restrict__ dy, double* __restrict__ out) {
+  __shared__ double sa[kThreads], sb[kThreads];
+  const int ch = blockIdx.x;
+  const double m = double(mean[ch]);
+  const int64_t n = int64_t(batch) * hw;
+  double s = 0.0, sx = 0.0;
+  for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+    const int64_t k = (j / hw * c + ch) * hw + j % hw;
+    const double g = double(dy[k]);
+    s += g;
+    sx += g * (double(x[k]) - m);
+  }
+  block_sum2(sa, sb, s, sx);
+  if (threadIdx.x == 0) {
+    out[ch] = sa[0];
+    out[c + ch] = sb[0];
+  }
+}
+
+// The per-channel constants, one thread a channel. chan: mean, invstd,
+// scale, shift, k, mean_dy, proj (c floats each).
+__global__ void bn_mean_kernel(int c, const double* __restrict__ sums, double count, float* __restrict__ chan) {
+  for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < c; ch += gridDim.x * blockDim.x)
+    chan[ch] = kernel::bn_mean(sums[ch], count);
+}
+
+__global__ void bn_train_kernel(int c, const double* __restrict__ sq, double count, double eps, double momentum,
+                                const float* __restrict__ w, const float* __restrict__ b, float* __restrict__ chan,
+                                float* __restrict__ running_mean, float* __restrict__ running_var) {
+  for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < c; ch += gridDim.x * blockDim.x)
+    kernel::bn_train_channel(sq[ch], count, eps, momentum, chan[ch], w[ch], b[ch], &chan[c + ch], &chan[2 * c + ch],
+                             &chan[3 * c + ch], &running_mean[ch], &running_var[ch]);
+}
+
+__global__ void bn_eval_kernel(int c, double eps, const float* __restrict__ w, const float* __restrict__ b,
+                               const float* __restrict__ running_mean, const float* __restrict__ running_var,
+                               float* __restrict__ chan) {
+  for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < c; ch += gridDim.x * blockDim.x)
+    kernel::bn_eval_channel(w[ch], b[ch], running_mean[ch], running_var[ch], eps, &chan[2 * c + ch],
+                            &chan[3 * c + ch]);
+}
+
+// Adds this rank's weight and bias gradients (as the CPU: from its own sums).
+__global__ void bn_param_grads_kernel(int c, const double* __restrict__ sums, const float* __restrict__ chan,
+                                      float* __restrict__ dw, float* __restrict__ db) {
+  for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < c; ch += gridDim.x * blockDim.x) {
+    dw[ch] += float(sums[c + ch] * double(chan[c + ch]));
+    db[ch] += float(sums[ch]);
+  }
+}
+
+__global__ void bn_backward_channel_kernel(int c, const double* __restrict__ sums, double count,
+                                           const float* __restrict__ w, float* __restrict__ chan) {
+  for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < c; ch += gridDim.x * blockDim.x)
+    kernel::bn_backward_channel(w[ch], chan[c + ch], sums[ch], sums[c + ch], count, &chan[4 * c + ch],
+                                &chan[5 * c + ch], &chan[6 * c + ch]);
+}
+
+// out[i] = the sum of per_shard[k * width + i] over k in shard order, from
+// 0.0: sum_in_shard_order's order (device.hpp).
+__global__ void bn_sum_shards_kernel(int shards, int width, const double* __restrict__ per_shard,
+                                     double* __restrict__ out) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x) {
+    double s = 0.0;
+    for (int k = 0; k < shards; ++k) s += per_shard[int64_t(k) * width + i];
+    out[i] = s;
+  }
+}
+
+__global__ void bn_apply_kernel(int64_t n, int c, int hw, const float* __restrict__ x, const float* __restrict__ chan,
+                                float* __restrict__ y) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int ch = int(i / hw % c);
+    y[i] = kernel::bn_apply_at(x[i], chan[2 * c + ch], chan[3 * c + ch]);
+  }
+}
+
+__global__ void bn_backward_kernel(int64_t n, int c, int hw, const float* __restrict__ x,
+                                   const float* __restrict__ dy, const float* __restrict__ chan,
+                                   float* __restrict__ dx) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int ch = int(i / hw % c);
+    dx[i] = kernel::bn_backward_at(x[i], dy[i], chan[ch], chan[4 * c + ch], chan[5 * c + ch], chan[6 * c + ch]);
+  }
+}
+
+}  // namespace
+
+CudaBatchNorm::CudaBatchNorm(const Op& op, cuda::Context& ctx, StatsReducer* stats)
+    : op_(op), ctx_(ctx), stats_(stats), c_(op.in.c), hw_(op.in.h * op.in.w), host_(size_t(2 * op.in.c)) {
+  chan_ = static_cast<float*>(ctx_.alloc(sizeof(float) * 7 * size_t(c_)));
+  sums_ = static_cast<double*>(ctx_.alloc(sizeof(double) * 2 * size_t(c_)));
+  DDP_CUDA_CHECK(cudaMemsetAsync(chan_, 0, sizeof(float) * 7 * size_t(c_), ctx_.compute()));
+}
+
+CudaBatchNorm::~CudaBatchNorm() {
+  if (chan_) cudaFreeAsync(chan_, ctx_.compute());
+  if (sums_) cudaFreeAsync(sums_, ctx_.compute());
+  if (per_shard_) cudaFreeAsync(per_shard_, ctx_.compute());
+}
+
+double* CudaBatchNorm::shard_sums(int shards, size_t width) {
+  const size_t n = size_t(shards) * width;
+  if (per_shard_size_ < n) {
+    if (per_shard_) ctx_.free(per_shard_);  // stream-ordered: after what read it
+    per_shard_ = static_cast<double*>(ctx_.alloc(sizeof(double) * n));
+    per_shard_size_ = n;
+  }
+  return per_shard_;
+}
+
+void CudaBatchNorm::reduce_shards(int shards, size_t width, const std::string& what) {
+  if (!stats_) {
+    bn_sum_shards_kernel<<<cuda_grid(int64_t(width)), kCudaThreads, 0, ctx_.compute()>>>(shards, int(width),
+                                                                                         per_shard_, sums_);
+    DDP_CUDA_CHECK_LAUNCH(bn_sum_shards_kernel);
+    return;
+  }
+  const size_t n = size_t(shards) * width;
+  if (host_.size() < n) host_.resize(n);
+  host_out_.resize(width);
+  // Note [bounded copies to the host]: the bounded wait first; the copy into
+  // pageable memory then returns done.
+  stats_->sync_device(op_.name + ": " + what);
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(host_.data(), per_shard_, sizeof(double) * n, cudaMemcpyDeviceToHost, ctx_.compute()));
+  stats_->sum_shards(host_.data(), shards, width, host_out_.data(), op_.name + ": " + what);
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(sums_, host_out_.data(), sizeof(double) * width, cudaMemcpyHostToDevice, ctx_.compute()));
+}
+
+void CudaBatchNorm::reduce(size_t n, const std::string& what) {
+  if (!stats_) return;
+  stats_->sync_device(op_.name + ": " + what);  // Note [bounded copies to the host]
+  DDP_CUDA_CHECK(cudaMemcpyAsync(host_.data(), sums_, sizeof(double) * n, cudaMemcpyDeviceToHost, ctx_.compute()));
+  stats_->sum(host_.data(), n, op_.name + ": " + what);
+  DDP_CUDA_CHECK(cudaMemcpyAsync(sums_, host_.data(), sizeof(double) * n, cudaMemcpyHostToDevice, ctx_.compute()));
+}
+
+void CudaBatchNorm::forward(const OpArgs& a) {
+  const cudaStream_t s = ctx_.compute();
+  const int64_t n = int64_t(a.batch) * c_ * hw_;
+  const unsigned cgrid = cuda_grid(c_);
+  if (a.mode == Mode::Eval) {
+    bn_eval_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, op_.eps, a.p[0], a.p[1], a.buf[0], a.buf[1], chan_);
+    DDP_CUDA_CHECK_LAUNCH(bn_eval_kernel);
+  } else {
+    const double count = double(a.batch) * hw_ * (stats_ ? stats_->ranks() : 1);
+    DDP_CHECK(count > 1, "BatchNorm2d ", op_.name, ": training needs more than one value per channel, got ", count);
+    const ShardRuns r = runs(a, size_t(c_));
+    for (int k = 0; k < r.n; ++k) {
+      bn_sums_kernel<<<c_, kThreads, 0, s>>>(r.size, c_, hw_, a.x[0] + k * r.stride, nullptr, r.sums(k));
+      DDP_CUDA_CHECK_LAUNCH(bn_sums_kernel);
+    }
+    combine(a, r, "batch mean");
+    bn_mean_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, chan_);
+    DDP_CUDA_CHECK_LAUNCH(bn_mean_kernel);
+    for (int k = 0; k < r.n; ++k) {
+      bn_sums_kernel<<<c_, kThreads, 0, s>>>(r.size, c_, hw_, a.x[0] + k * r.stride, chan_, r.sums(k));
+      DDP_CUDA_CHECK_LAUNCH(bn_sums_kernel);
+    }
+    combine(a, r, "batch variance");
+    bn_train_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, op_.eps, op_.momentum, a.p[0], a.p[1], chan_,
+                                                   a.buf[0], a.buf[1]);
+    DDP_CUDA_CHECK_LAUNCH(bn_train_kernel);
+    if (a.counter) ++*a.counter;
+  }
+  if (n <= 0) return;
+  bn_apply_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, hw_, a.x[0], chan_, a.y);
+  DDP_CUDA_CHECK_LAUNCH(bn_apply_kernel);
+}
+
+void CudaBatchNorm::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
+  const cudaStream_t s = ctx_.compute();
+  const unsigned cgrid = cuda_grid(c_);
+  // Per run, sum(dy) and sum(dy (x - mean)): 2c values. This rank's sums
+  // make its weight and bias gradients (a micro-shard's alone, handed over at
+  // once, with OpArgs::shard); the input gradient needs them over every rank
+  // the statistics came from.
+  const ShardRuns r = runs(a, 2 * size_t(c_));
+  for (int k = 0; k < r.n; ++k) {
+    bn_grad_sums_kernel<<<c_, kThreads, 0, s>>>(r.size, c_, hw_, a.x[0] + k * r.stride, chan_, dy + k * r.stride,
+                                                r.sums(k));
+    DDP_CUDA_CHECK_LAUNCH(bn_grad_sums_kernel);
+    bn_param_grads_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, r.sums(k), chan_, a.dp[0], a.dp[1]);
+    DDP_CUDA_CHECK_LAUNCH(bn_param_grads_kernel);
+    if (a.shard) a.shard_grads();
+  }
+  if (!dx[0]) return;
+  combine(a, r, "gradient sums");
+  const double count = double(a.batch) * hw_ * (stats_ ? stats_->ranks() : 1);
+  bn_backward_channel_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, a.p[0], chan_);
+  DDP_CUDA_CHECK_LAUNCH(bn_backward_channel_kernel);
+  const int64_t n = int64_t(a.batch) * c_ * hw_;
+  if (n <= 0) return;
+  bn_backward_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, hw_, a.x[0], dy, chan_, dx[0]);
+  DDP_CUDA_CHECK_LAUNCH(bn_backward_kernel);
+}
+
+ShardRuns CudaBatchNorm::runs(const OpArgs& a, size_t width) {
+  ShardRuns r = shard_runs(a, int64_t(c_) * hw_, width, op_.name);
+  // The whole batch: its sums straight into sums_.
+  r.base = a.shard ? shard_sums(r.n, width) : sums_;
+  return r;
+}
+
+void CudaBatchNorm::combine(const OpArgs& a, const ShardRuns& r, const std::string& what) {
+  if (a.shard)
+    reduce_shards(r.n, r.width, what);
+  else
+    reduce(r.width, what);
+}
+
+}  // namespace ddp::nn

@@ -1,0 +1,325 @@
+// The cuDNN convolution under CudaConv and CudaConvReluPool: descriptors
+// made once, algorithms chosen once per batch size.
+//
+// Note [fma math]: the convolution descriptor asks for CUDNN_FMA_MATH, not
+// CUDNN_DEFAULT_MATH: on Ampere and newer the default lets cuDNN run fp32
+// convolutions as TF32 on tensor cores (inputs rounded to 10-bit mantissas,
+// errors near 1e-3), where PyTorch's default (cudnn.allow_tf32) does. The
+// cuBLAS handle is pinned to fp32 the same way (CUBLAS_PEDANTIC_MATH,
+// cuda_context.cu). cuDNN's transform algorithms (FFT, Winograd) still round
+// more than a plain sum: on an H200 (2026-11-26) forward and dx agreed with the
+// CPU layers to 1e-4, and LeNet's conv2 weight gradient at batch 64 to 1.2e-3
+// of its largest (tests/unit/cuda/nn_layers_test.cpp).
+//
+// The algorithms: Note [conv algorithms] (nn/cuda/conv_algo.hpp), once per batch
+// size (a run sees few: the training batch, a last partial batch), so
+// steady-state steps never ask again.
+//
+// In bf16 or fp16 (Note [half kernels], nn/cuda/half.cu) the tensors are 16-bit,
+// the convolution accumulates in fp32 (cuDNN's PSEUDO_HALF and
+// PSEUDO_BFLOAT16 configurations), and tensor cores may run it: that is
+// what the 16-bit formats are for, and what autocast runs.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kernels.hpp"
+#include "ddp/core/error.hpp"           // DDP_CHECK, DDP_FAIL, ddp::Error, detail::concat
+#include "ddp/nn/cuda/conv_algo.hpp"         // choose_conv_algo: Note [conv algorithms]
+#include "ddp/runtime/cuda_check.hpp"   // DDP_CUDNN_CHECK
+
+namespace ddp::nn {
+
+namespace {
+
+constexpr size_t kMaxWorkspace = size_t(512) << 20;
+
+cudnnDataType_t cudnn_type(Precision p) {
+  switch (p) {
+    case Precision::BF16: return CUDNN_DATA_BFLOAT16;
+    case Precision::F16: return CUDNN_DATA_HALF;
+    default: return CUDNN_DATA_FLOAT;
+  }
+}
+
+// Note [fma math] in fp32; tensor cores in 16 bits.
+cudnnMathType_t default_math(Precision p) { return p == Precision::F32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH; }
+
+// The algorithm to run (Note [conv algorithms]); the fallback to a
+// non-deterministic one is said once per rank, and refused under
+// --deterministic (the caller's error names the layer). In fp32 tensor-core
+// algorithms are out (Note [fma math]); in 16 bits they are what is wanted.
+template <typename Perf>
+const Perf& pick(cuda::Context& ctx, const std::string& layer, const std::vector<Perf>& perf, int count,
+                 const char* what, Precision prec) {
+  std::vector<ConvAlgoCandidate> ranked(size_t(std::max(count, 0)));
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const Perf& p = perf[i];
+    const bool tensor_ops = p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    ranked[i].usable = p.status == CUDNN_STATUS_SUCCESS && p.memory <= kMaxWorkspace &&
+                       (prec != Precision::F32 || !tensor_ops);
+    ranked[i].deterministic = p.determinism == CUDNN_DETERMINISTIC;
+  }
+  const ConvAlgoChoice choice = choose_conv_algo(ranked);
+  if (choice.index < 0)
+    DDP_FAIL("cuDNN offers no ", to_string(prec), " ", what, " algorithm within ", kMaxWorkspace >> 20,
+             " MiB of workspace for this geometry (", count, " candidates)");
+  const Perf& p = perf[size_t(choice.index)];
+  if (!choice.deterministic && ctx.deterministic())
+    DDP_FAIL("--deterministic: cuDNN offers no deterministic ", to_string(prec), " ", what,
+             " algorithm for this geometry (", count, " candidates); the only one that fits, algorithm ",
+             int(p.algo), ", may add in another order from run to run");
+  if (!choice.deterministic)
+    ctx.warn_once("cudnn-nondeterministic",
+                  detail::concat("op ", layer, ": cuDNN has no deterministic ", what,
+                                 " algorithm for this geometry; running algorithm ", int(p.algo),
+                                 ", so repeated and resumed runs may differ in the last bits"));
+  return p;
+}
+
+}  // namespace
+
+struct CudnnConv::Plan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+  // Each algorithm's math type, which the convolution descriptor must carry
+  // when it runs (cuDNN tells a tensor-core algorithm by both; run_math).
+  cudnnMathType_t fwd_math{}, bwd_data_math{}, bwd_filter_math{};
+  size_t fwd_bytes = 0, bwd_data_bytes = 0, bwd_filter_bytes = 0;
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (x) cudnnDestroyTensorDescriptor(x);
+    if (y) cudnnDestroyTensorDescriptor(y);
+  }
+};
+
+CudnnConv::CudnnConv(const std::string& op, Shape in, int out_c, int k, int stride, int pad, Shape out)
+    : layer_(op), in_(in), out_(out), k_(k), stride_(stride), pad_(pad) {
+  DDP_CHECK(out.c == out_c, "op ", layer_, ": conv output ", to_string(out), " for ", out_c, " channels");
+  describe();
+}
+
+CudnnConv::~CudnnConv() { release(); }
+
+void CudnnConv::describe() {
+  const cudnnDataType_t type = cudnn_type(precision_);
+  try {
+    DDP_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc_));
+    // [out_c, in_c, k, k], PyTorch's weight layout.
+    DDP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc_, type, CUDNN_TENSOR_NCHW, out_.c, in_.c, k_, k_));
+    DDP_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_desc_));
+    // fp32 accumulation in every precision (autocast's).
+    DDP_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_desc_, pad_, pad_, stride_, stride_, 1, 1,
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
+    DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bias_desc_));
+    DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bias_desc_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, out_.c, 1, 1));
+  } catch (const Error& e) {
+    release();  // the destructor does not run for a constructor that throws
+    DDP_FAIL("op ", layer_, ": ", to_string(precision_), ": ", e.what());
+  }
+}
+
+void CudnnConv::set_precision(Precision p) {
+  if (p == precision_) return;
+  release();  // the plans too: their tensors and algorithms are of one type
+  precision_ = p;
+  describe();
+}
+
+void CudnnConv::release() {
+  plans_.clear();
+  if (bias_desc_) cudnnDestroyTensorDescriptor(bias_desc_);
+  if (conv_desc_) cudnnDestroyConvolutionDescriptor(conv_desc_);
+  if (w_desc_) cudnnDestroyFilterDescriptor(w_desc_);
+  bias_desc_ = nullptr;
+  conv_desc_ = nullptr;
+  w_desc_ = nullptr;
+}
+
+// The math type an algorithm runs with: in 16 bits the one cuDNN ranked it
+// with; in fp32 always CUDNN_FMA_MATH, never CUDNN_DEFAULT_MATH, which would
+// let an Ampere or newer GPU run it as TF32 (Note [fma math]).
+cudnnMathType_t CudnnConv::run_math(cudnnMathType_t ranked) const {
+  return precision_ == Precision::F32 ? CUDNN_FMA_MATH : ranked;
+}
+
+CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
+  auto it = plans_.find(batch);
+  if (it != plans_.end()) return *it->second;
+  DDP_CHECK(batch > 0, "batch ", batch);
+  auto p = std::make_unique<Plan>();
+  const cudnnDataType_t type = cudnn_type(precision_);
+  DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->x));
+  DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, type, batch, in_.c, in_.h, in_.w));
+  DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->y));
+  DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, type, batch, out_.c, out_.h, out_.w));
+  int n = 0, c = 0, h = 0, w = 0;
+  DDP_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv_desc_, p->x, w_desc_, &n, &c, &h, &w));
+  DDP_CHECK(n == batch && c == out_.c && h == out_.h && w == out_.w, "cuDNN's conv output ", c, "x", h, "x", w,
+            " is not the layer's ", to_string(out_));
+
+  cudnnHandle_t dnn = ctx.dnn();
+  int max_count = 0, count = 0;
+  DDP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(dnn, &max_count));
+  std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(size_t(std::max(max_count, 1)));
+  // Each query sees the precision's own math type (tensor cores offered in 16
+  // bits), whatever the previous algorithm left on the descriptor.
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
+  DDP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(dnn, p->x, w_desc_, conv_desc_, p->y, int(fwd.size()),
+                                                         &count, fwd.data()));
+  const cudnnConvolutionFwdAlgoPerf_t& f = pick(ctx, layer_, fwd, count, "forward", precision_);
+  p->fwd = f.algo;
+  p->fwd_math = run_math(f.mathType);
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p->fwd_math));
+  DDP_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(dnn, p->x, w_desc_, conv_desc_, p->y, p->fwd,
+                                                          &p->fwd_bytes));
+
+  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(dnn, &max_count));
+  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data(size_t(std::max(max_count, 1)));
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
+  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn, w_desc_, p->y, conv_desc_, p->x,
+                                                              int(bwd_data.size()), &count, bwd_data.data()));
+  const cudnnConvolutionBwdDataAlgoPerf_t& d = pick(ctx, layer_, bwd_data, count, "backward-data", precision_);
+  p->bwd_data = d.algo;
+  p->bwd_data_math = run_math(d.mathType);
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p->bwd_data_math));
+  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn, w_desc_, p->y, conv_desc_, p->x, p->bwd_data,
+                                                               &p->bwd_data_bytes));
+
+  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(dnn, &max_count));
+  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter(size_t(std::max(max_count, 1)));
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
+  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn, p->x, p->y, conv_desc_, w_desc_,
+                                                                int(bwd_filter.size()), &count, bwd_filter.data()));
+  const cudnnConvolutionBwdFilterAlgoPerf_t& wf =
+      pick(ctx, layer_, bwd_filter, count, "backward-filter", precision_);
+  p->bwd_filter = wf.algo;
+  p->bwd_filter_math = run_math(wf.mathType);
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p->bwd_filter_math));
+  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn, p->x, p->y, conv_desc_, w_desc_,
+                                                                 p->bwd_filter, &p->bwd_filter_bytes));
+
+  // Grow the shared workspace now, the one step that may wait for the device,
+  // rather than inside a later forward or backward.
+  ctx.workspace(std::max({p->fwd_bytes, p->bwd_data_bytes, p->bwd_filter_bytes}));
+  Plan& ref = *p;
+  plans_[batch] = std::move(p);
+  return ref;
+}
+
+void CudnnConv::run_forward(cuda::Context& ctx, const Plan& p, const void* x, const void* w, void* y) {
+  const float one = 1.0f, zero = 0.0f;  // float in every precision (fp32 accumulation)
+  void* ws = ctx.workspace(p.fwd_bytes);
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p.fwd_math));
+  DDP_CUDNN_CHECK(cudnnConvolutionForward(ctx.dnn(), &one, p.x, x, w_desc_, w, conv_desc_, p.fwd, ws, p.fwd_bytes,
+                                          &zero, p.y, y));
+}
+
+void CudnnConv::run_backward_filter(cuda::Context& ctx, const Plan& p, const void* x, const void* dy, float beta,
+                                    void* dw) {
+  const float one = 1.0f;
+  void* ws = ctx.workspace(p.bwd_filter_bytes);
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p.bwd_filter_math));
+  DDP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx.dnn(), &one, p.x, x, p.y, dy, conv_desc_, p.bwd_filter, ws,
+                                                 p.bwd_filter_bytes, &beta, w_desc_, dw));
+}
+
+void CudnnConv::run_backward_data(cuda::Context& ctx, const Plan& p, const void* w, const void* dy, void* dx) {
+  // beta = 0 overwrites dx without reading it.
+  const float one = 1.0f, zero = 0.0f;
+  void* ws = ctx.workspace(p.bwd_data_bytes);
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p.bwd_data_math));
+  DDP_CUDNN_CHECK(cudnnConvolutionBackwardData(ctx.dnn(), &one, w_desc_, w, p.y, dy, conv_desc_, p.bwd_data, ws,
+                                               p.bwd_data_bytes, &zero, p.x, dx));
+}
+
+void CudnnConv::forward(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, float* y) {
+  try {
+    if (precision_ != Precision::F32) return forward_half(ctx, batch, x, w, b, y);
+    const Plan& p = plan(ctx, batch);
+    run_forward(ctx, p, x, w, y);
+    // y += b, broadcast over batch and pixels (bias_desc_ is 1 x C x 1 x 1).
+    const float one = 1.0f;
+    if (b) DDP_CUDNN_CHECK(cudnnAddTensor(ctx.dnn(), &one, bias_desc_, b, &one, p.y, y));
+  } catch (const Error& e) {
+    DDP_FAIL("op ", layer_, ": forward: ", e.what());
+  }
+}
+
+void CudnnConv::backward(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy, float* dw,
+                         float* db, float* dx) {
+  try {
+    if (precision_ != Precision::F32) return backward_half(ctx, batch, x, w, dy, dw, db, dx);
+    const Plan& p = plan(ctx, batch);
+    // beta = 1 adds into the gradients (Note [gradient accumulation]).
+    const float one = 1.0f;
+    if (db) DDP_CUDNN_CHECK(cudnnConvolutionBackwardBias(ctx.dnn(), &one, p.y, dy, &one, bias_desc_, db));
+    if (dw) run_backward_filter(ctx, p, x, dy, 1.0f, dw);
+    if (dx) run_backward_data(ctx, p, w, dy, dx);
+  } catch (const Error& e) {
+    DDP_FAIL("op ", layer_, ": backward: ", e.what());
+  }
+}
+
+// Note [half kernels] (nn/cuda/half.cu): the operands as 16-bit copies in the
+// context's staging memory, cuDNN on those, the results back in fp32.
+// x, w, y; d(y), x, w, d(w), d(x): each 16 bits a value.
+std::vector<size_t> CudnnConv::forward_pieces(int batch) const {
+  const size_t nx = size_t(batch) * size_t(in_.numel()), ny = size_t(batch) * size_t(out_.numel()),
+               nw = size_t(weight_numel());
+  return {nx * 2, nw * 2, ny * 2};
+}
+
+std::vector<size_t> CudnnConv::backward_pieces(int batch) const {
+  const size_t nx = size_t(batch) * size_t(in_.numel()), ny = size_t(batch) * size_t(out_.numel()),
+               nw = size_t(weight_numel());
+  return {ny * 2, nx * 2, nw * 2, nw * 2, nx * 2};
+}
+
+void CudnnConv::forward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b,
+                             float* y) {
+  const Plan& p = plan(ctx, batch);
+  const int64_t nx = int64_t(batch) * in_.numel(), ny = int64_t(batch) * out_.numel(), nw = weight_numel();
+  ctx.staging(staging_bytes(backward_pieces(batch)));  // backward's, now (staging_pieces)
+  const std::vector<void*> at = staging_pieces(ctx, forward_pieces(batch));
+  auto* xh = static_cast<uint16_t*>(at[0]);
+  auto* wh = static_cast<uint16_t*>(at[1]);
+  auto* yh = static_cast<uint16_t*>(at[2]);
+  to_half_cuda(xh, x, nx, precision_, ctx.compute());
+  to_half_cuda(wh, w, nw, precision_, ctx.compute());
+  run_forward(ctx, p, xh, wh, yh);
+  planes_from_half_cuda(y, yh, b, batch, out_.c, int64_t(out_.h) * out_.w, precision_, ctx.compute());
+}
+
+void CudnnConv::backward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy,
+                              float* dw, float* db, float* dx) {
+  const Plan& p = plan(ctx, batch);
+  const int64_t nx = int64_t(batch) * in_.numel(), ny = int64_t(batch) * out_.numel(), nw = weight_numel();
+  const std::vector<void*> at = staging_pieces(ctx, backward_pieces(batch));
+  auto* dyh = static_cast<uint16_t*>(at[0]);
+  auto* xh = static_cast<uint16_t*>(at[1]);
+  auto* wh = static_cast<uint16_t*>(at[2]);
+  auto* dwh = static_cast<uint16_t*>(at[3]);
+  auto* dxh = static_cast<uint16_t*>(at[4]);
+  cudaStream_t s = ctx.compute();
+  to_half_cuda(dyh, dy, ny, precision_, s);
+  if (db) channel_grad_from_half_cuda(db, dyh, batch, out_.c, int64_t(out_.h) * out_.w, precision_, s);
+  if (dw) {
+    // The 16-bit gradient of this call, then added to the fp32 one.
+    to_half_cuda(xh, x, nx, precision_, s);
+    run_backward_filter(ctx, p, xh, dyh, 0.0f, dwh);
+    from_half_cuda(dw, dwh, nw, precision_, /*add=*/true, s);
+  }
+  if (dx) {
+    to_half_cuda(wh, w, nw, precision_, s);
+    run_backward_data(ctx, p, wh, dyh, dxh);
+    from_half_cuda(dx, dxh, nx, precision_, /*add=*/false, s);
+  }
+}
+
+}  // namespace ddp::nn

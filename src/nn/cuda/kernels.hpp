@@ -1,0 +1,268 @@
+// The GPU kernels of the op kinds (nn/device.hpp), internal to src/nn: one
+// *_cuda.cu beside each *_cpu.cpp, made by the CUDA device (nn/cuda/device.cu)
+// and run on device pointers, every launch on the Context's compute stream.
+// Their own arithmetic comes from kernel_math.hpp, which the host tests
+// check against the CPU kernels.
+#pragma once
+
+#include <cuda_runtime_api.h>  // cudaStream_t
+#include <cudnn.h>             // descriptors and algorithms of CudnnConv
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/nn/device.hpp"             // Kernel, OpArgs, StatsReducer
+#include "ddp/nn/graph.hpp"              // Op, Shape
+#include "ddp/nn/precision.hpp"          // Precision: Note [half kernels]
+#include "ddp/runtime/cuda_context.hpp"  // cuda::Context, cuda::DeviceBuffer
+
+namespace ddp::nn {
+
+// Element-wise kernels: 256 threads a block, grid-stride loops, and a grid
+// capped well above what fills an H200 (132 SMs x 2048 threads) so huge
+// tensors do not ask for absurd grids.
+constexpr int kCudaThreads = 256;
+inline unsigned cuda_grid(int64_t n) {
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>((n + kCudaThreads - 1) / kCudaThreads, 8192)));
+}
+
+// 2x2 / stride-2 average pooling kernels (nn/cuda/pool.cu), floor on odd sizes
+// as the CPU's: shared by AvgPool2d and ConvReluPool. With relu, forward
+// pools max(x, 0); backward with a mask (the pooled input, nullptr: none)
+// passes the gradient only where mask > 0. dx is written everywhere (zeros
+// where an odd row or column fed no output).
+void avgpool2_forward_cuda(int64_t planes, int h, int w, const float* x, bool relu, float* y, cudaStream_t stream);
+void avgpool2_backward_cuda(int64_t planes, int h, int w, const float* dy, const float* mask, float* dx,
+                            cudaStream_t stream);
+
+// Note [half kernels] (nn/cuda/half.cu): the conversions around the 16-bit
+// convolutions and GEMMs, each a launch on `stream`.
+// dst = round_to(p, src), n values (dst may be src; fp32: a copy).
+void round_cuda(float* dst, const float* src, int64_t n, Precision p, cudaStream_t stream);
+// dst = src in p's 16-bit format (p is bf16 or fp16 here and below).
+void to_half_cuda(uint16_t* dst, const float* src, int64_t n, Precision p, cudaStream_t stream);
+// dst = src as floats (exact), or dst += src with add.
+void from_half_cuda(float* dst, const uint16_t* src, int64_t n, Precision p, bool add, cudaStream_t stream);
+// dst += round_to(p, src).
+void add_rounded_cuda(float* dst, const float* src, int64_t n, Precision p, cudaStream_t stream);
+// y = plane_from_half_at (precision.hpp) over images x channels x pixels.
+void planes_from_half_cuda(float* y, const uint16_t* yh, const float* b, int64_t images, int channels,
+                           int64_t pixels, Precision p, cudaStream_t stream);
+// db[c] += round_to(p, the sum of channel c of dyh over images and pixels):
+// a bias's gradient (a linear layer's: pixels = 1).
+void channel_grad_from_half_cuda(float* db, const uint16_t* dyh, int64_t images, int channels, int64_t pixels,
+                                 Precision p, cudaStream_t stream);
+// The context's staging memory cut into pieces of these many bytes, each
+// 256-byte aligned; valid until the next call on this context. An op's
+// forward sizes the staging memory for its backward's pieces
+// (staging_bytes): growing it waits for the device (Context::staging), which
+// in backward would be with gradient all-reduces in flight.
+std::vector<void*> staging_pieces(cuda::Context& ctx, const std::vector<size_t>& bytes);
+size_t staging_bytes(const std::vector<size_t>& bytes);  // what those pieces take
+
+// A cuDNN convolution of one geometry (nn/cuda/cudnn_conv.cu): the descriptors, and
+// per batch size the algorithms chosen once (Note [conv algorithms]).
+class CudnnConv {
+ public:
+  // out: the conv output shape the graph computed; checked against cuDNN's.
+  CudnnConv(const std::string& op, Shape in, int out_c, int k, int stride, int pad, Shape out);
+  ~CudnnConv();
+  CudnnConv(const CudnnConv&) = delete;
+  CudnnConv& operator=(const CudnnConv&) = delete;
+
+  // What the convolution computes in from the next call on: fp32 (as made),
+  // or bf16/fp16 on 16-bit copies of its operands (Note [half kernels]); the
+  // calls below take and give fp32 either way.
+  void set_precision(Precision p);
+  Precision precision() const { return precision_; }
+
+  // y = conv(x, w) + b (b may be nullptr); in 16 bits, rounded as Note [half
+  // kernels] says.
+  void forward(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, float* y);
+  // dw += dconv/dw, db += sum of dy (if db), dx = dconv/dx (if dx): Note
+  // [gradient accumulation] in device.hpp.
+  void backward(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy, float* dw,
+                float* db, float* dx);
+
+ private:
+  struct Plan;
+  Plan& plan(cuda::Context& ctx, int batch);
+  void describe();  // the descriptors, for precision_
+  void release();   // destroys them
+  int64_t weight_numel() const { return int64_t(out_.c) * in_.c * k_ * k_; }
+  // Note [half kernels]: the staging pieces of a 16-bit forward and backward.
+  std::vector<size_t> forward_pieces(int batch) const;
+  std::vector<size_t> backward_pieces(int batch) const;
+  cudnnMathType_t run_math(cudnnMathType_t ranked) const;
+  // cuDNN's three calls on operands of the descriptors' type, each with its
+  // algorithm's math type; y and dx overwritten, dw = beta * dw + d(conv)/dw.
+  void run_forward(cuda::Context& ctx, const Plan& p, const void* x, const void* w, void* y);
+  void run_backward_filter(cuda::Context& ctx, const Plan& p, const void* x, const void* dy, float beta, void* dw);
+  void run_backward_data(cuda::Context& ctx, const Plan& p, const void* w, const void* dy, void* dx);
+  void forward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, float* y);
+  void backward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy, float* dw,
+                     float* db, float* dx);
+  std::string layer_;
+  Shape in_, out_;
+  int k_, stride_, pad_;
+  Precision precision_ = Precision::F32;
+  cudnnFilterDescriptor_t w_desc_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_desc_ = nullptr;
+  cudnnTensorDescriptor_t bias_desc_ = nullptr;
+  std::map<int, std::unique_ptr<Plan>> plans_;  // by batch size
+};
+
+// One class per op kind; each is made for one op of a graph.
+class CudaConv final : public Kernel {
+ public:
+  CudaConv(const Op& op, cuda::Context& ctx);
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+  bool set_precision(Precision p) override;
+
+ private:
+  cuda::Context& ctx_;
+  CudnnConv conv_;
+};
+
+// conv -> relu -> 2x2 average pooling, as ConvReluPool on the CPU.
+class CudaConvReluPool final : public Kernel {
+ public:
+  CudaConvReluPool(const Op& op, cuda::Context& ctx);
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+  void begin_lanes(int batch) override;
+  bool set_precision(Precision p) override;
+
+ private:
+  float* pre(const OpArgs& a);  // a's images' conv outputs in pre_
+  const Op& op_;
+  cuda::Context& ctx_;
+  Shape conv_;  // per-sample conv output, before pooling
+  CudnnConv conv_op_;
+  // conv + bias of the last forward (the relu mask backward needs: > 0;
+  // micro-shards each at their first image's place), and d(conv output) in
+  // backward; sized for the largest batch seen. In 16 bits (Note [half
+  // kernels]) also d(output) rounded.
+  cuda::DeviceBuffer pre_, dpre_, dy_rounded_;
+  int fwd_batch_ = -1;  // batch of the last forward
+};
+
+// torch.nn.BatchNorm2d with kernels of our own (nn/cuda/batch_norm.cu); with a
+// StatsReducer, SyncBatchNorm (the per-channel sums go through the host).
+class CudaBatchNorm final : public Kernel {
+ public:
+  CudaBatchNorm(const Op& op, cuda::Context& ctx, StatsReducer* stats);
+  ~CudaBatchNorm() override;
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  // The per-channel sums in sums_ (device), summed over ranks when
+  // synchronised: a host round trip.
+  void reduce(size_t n, const std::string& what);
+  // Note [micro-shards] (device.hpp): where shard k of `shards` puts its
+  // `width` sums (per_shard_, grown to fit), and those shards' sums into
+  // sums_ in global shard order (over every rank when synchronised).
+  double* shard_sums(int shards, size_t width);
+  void reduce_shards(int shards, size_t width, const std::string& what);
+  // A call's runs (Note [micro-shards]), their sums in per_shard_ (sums_ for
+  // the whole batch); then those sums into sums_ (combine).
+  ShardRuns runs(const OpArgs& a, size_t width);
+  void combine(const OpArgs& a, const ShardRuns& r, const std::string& what);
+  const Op& op_;
+  cuda::Context& ctx_;
+  StatsReducer* stats_;
+  int c_, hw_;
+  // Device, per channel: mean, invstd, scale, shift (floats); the sums
+  // (two doubles per channel).
+  float* chan_ = nullptr;
+  double* sums_ = nullptr;
+  double* per_shard_ = nullptr;  // device: each micro-shard's sums
+  size_t per_shard_size_ = 0;
+  std::vector<double> host_, host_out_;  // the sums on their way through the host
+};
+
+class CudaRelu final : public Kernel {
+ public:
+  CudaRelu(const Op& op, cuda::Context& ctx) : n_(op.in.numel()), ctx_(ctx) {}
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  int64_t n_;
+  cuda::Context& ctx_;
+};
+
+class CudaAdd final : public Kernel {
+ public:
+  CudaAdd(const Op& op, cuda::Context& ctx) : n_(op.in.numel()), relu_(op.relu), ctx_(ctx) {}
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  int64_t n_;
+  bool relu_;
+  cuda::Context& ctx_;
+};
+
+class CudaAvgPool final : public Kernel {
+ public:
+  CudaAvgPool(const Op& op, cuda::Context& ctx) : in_(op.in), ctx_(ctx) {}
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  Shape in_;
+  cuda::Context& ctx_;
+};
+
+class CudaGlobalAvgPool final : public Kernel {
+ public:
+  CudaGlobalAvgPool(const Op& op, cuda::Context& ctx) : in_(op.in), ctx_(ctx) {}
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  Shape in_;
+  cuda::Context& ctx_;
+};
+
+class CudaFlatten final : public Kernel {
+ public:
+  CudaFlatten(const Op& op, cuda::Context& ctx) : n_(op.in.numel()), ctx_(ctx) {}
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  int64_t n_;
+  cuda::Context& ctx_;
+};
+
+// y = x W^T + b on cuBLAS; W [out, in] row-major as the CPU's. In bf16 or
+// fp16, cublasGemmEx on 16-bit copies (Note [half kernels]).
+class CudaLinear final : public Kernel {
+ public:
+  CudaLinear(const Op& op, cuda::Context& ctx) : in_(int(op.in.numel())), out_(op.out_c), ctx_(ctx), name_(op.name) {}
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+  bool set_precision(Precision p) override {
+    precision_ = p;
+    return true;
+  }
+
+ private:
+  void forward_half(const OpArgs& a);
+  void backward_half(const OpArgs& a, const float* dy, float* dx);
+  std::vector<size_t> backward_pieces(int batch) const;  // Note [half kernels]
+  int in_, out_;
+  cuda::Context& ctx_;
+  std::string name_;
+  Precision precision_ = Precision::F32;
+};
+
+}  // namespace ddp::nn
