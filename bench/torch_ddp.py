@@ -75,7 +75,7 @@ def worker(rank, args, port):
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
     # --precision: autocast around forward and loss, and fp16's GradScaler,
-    # as ddp_train's --precision does (README's table of equivalents).
+    # as ddp_train's --precision does (docs/optimizers.md's table of equivalents).
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     scaler = torch.amp.GradScaler(dev.type) if args.precision == "fp16" else None
     if args.synthetic:

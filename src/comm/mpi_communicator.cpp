@@ -27,7 +27,7 @@
 // collectives work on staging buffers we own, and one that timed out keeps its
 // buffer (orphans_) until it completes, which it does if the late peers still
 // arrive. If it never completes, buffer and communicator are leaked on
-// purpose: the job is ending anyway (README, "Errors": any error ends the job).
+// purpose: the job is ending anyway (docs/errors.md: any error ends the job).
 // All-reduces work in place on the caller's buffer (Note [flat layout] in nn/graph.hpp: a bucket is all-reduced in place), so
 // after a timed-out all-reduce that buffer must outlive the process's MPI use.
 #include <mpi.h>

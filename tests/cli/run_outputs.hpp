@@ -14,7 +14,7 @@ namespace ddp::test {
 // Lines of stderr that carry the error contract "ddp_train: error: ...".
 int error_lines(const std::string& err);
 
-// A run that failed as the README's "Errors" promises: a non-zero exit within 30 s, one
+// A run that failed as docs/errors.md promises: a non-zero exit within 30 s, one
 // "ddp_train: error: ... (rank R)" line that contains `needle`, no summary,
 // and no process of it left behind.
 void expect_failure(const RunResult& r, const std::string& needle);

@@ -93,7 +93,7 @@ TEST(Training, LearnsTheSyntheticDataset) {
 // OpenBLAS's default, Haswell and SkylakeX kernels; core/simd.hpp's AVX-512
 // path on and compiled out) differed by 3e-7 to 9.3e-5. Another seed differs
 // by ~1, other samples too, and a 0.1% larger learning rate by 7e-3, so 1e-3 tells
-// a real difference from rounding with margin on both sides. (README,
+// a real difference from rounding with margin on both sides. (docs/deterministic.md,
 // "Agreement across world sizes", has the longer horizons.)
 TEST(Training, FourRanksEqualOneRank) {
   const std::string dir = make_temp_dir();

@@ -4,7 +4,7 @@
 # same hostname, and still train. One rank per host: with two per host,
 # Open MPI's vader segments (named by hostname) collide and the ranks crash
 # in MPI_Comm_split_type inside MPI start-up, before ddp_train can say
-# anything (README, Troubleshooting).
+# anything (README, "Errors and troubleshooting").
 #
 # Usage: duplicate_hostname_test.sh DDP_TRAIN    (root; exit 77 = skipped)
 set -euo pipefail

@@ -1,5 +1,5 @@
 // Checkpoints: one safetensors file per checkpoint, named by global step,
-// written by rank 0 only, read by rank 0 only and broadcast (README, "Checkpoints and resuming").
+// written by rank 0 only, read by rank 0 only and broadcast (docs/checkpoints.md).
 //
 // Note [checkpoint contents]: tensors are the model's parameters under their
 // state-dict names ("conv1.weight") and the optimizer state under

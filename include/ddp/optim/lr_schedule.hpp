@@ -1,7 +1,7 @@
 // ddp::optim::LrSchedule: the learning rate of every optimizer step, a
 // function of the global step alone, so a resumed run and a run at another
-// world size take the same rates. Each schedule is one of PyTorch's (README,
-// "Optimizers and schedules"):
+// world size take the same rates. Each schedule is one of PyTorch's
+// (docs/optimizers.md):
 //
 //   warm-up, t < W:  base * (t + 1) / (W + 1)
 //                    (LinearLR(start_factor=1/(W+1), total_iters=W))

@@ -117,15 +117,12 @@ class Conv final : public Kernel {
     }
   }
   bool shards_in_one_call() const override { return cpu::kPackedGemm; }
-  // Note [fixed-point epilogue]: the Winograd layers whose micro-shards take
-  // their weight gradients by im2col's GEMM (ResNet-18's 512 channels on
-  // 4x4): gradients of 2.4M elements from GEMMs 128 deep, where writing and
-  // reading back the floats costs. Eight micro-shards of 8 images, weight
-  // gradients alone, 1 thread: 53 to 59 ms against 63 to 67 a micro-shard
-  // at a time. The other layers on im2col's path gain nothing or lose (the
-  // 1x1 and stride-2 layers of 128 to 512 channels: 0.9x to 1.2x the time;
-  // the 3x3 stem on 1 channel, whose gradient is 64 x 9: 4x), so they stay
-  // a micro-shard a call.
+  // Note [fixed-point epilogue]: only the Winograd layers whose micro-shards
+  // take their weight gradients by im2col's GEMM (ResNet-18's 512 channels
+  // on 4x4), where writing and reading back 2.4M-element float gradients
+  // costs more than the epilogue; the other layers on im2col's path gain
+  // nothing or lose, so they stay a micro-shard a call (measurements:
+  // bench/RESULTS.md, "Fixed-point epilogue").
   bool shard_grads_to_sinks() const override {
     return cpu::kFixedPointGemm && phase_ == Phase::Backward && winograd_ && weight_grad_im2col_;
   }

@@ -47,12 +47,10 @@ namespace ddp::nn::cpu {
 
 namespace {
 
-// Tile columns (images x tiles) a chunk's GEMMs get at least. bench_nn
-// (resnet18, batch 128, 1 thread), F(2x2): 128 and 512 alike, 2048 slower
-// (V and M then leave the caches). F(4x4), whose V and M have 36 rows a
-// column, a layer's forward + backward at batch 128: 128 columns against
-// 512 1.07x faster on 64 channels of 28x28 and 128 of 14x14, 0.97x on 256
-// of 7x7, the same on 512 of 4x4.
+// Tile columns (images x tiles) a chunk's GEMMs get at least: fewer starve
+// the GEMMs, more push V and M out of the caches, and F(4x4)'s 36 rows a
+// column want fewer than F(2x2)'s 16 (measurements: bench/RESULTS.md,
+// "Winograd: tile columns per chunk").
 constexpr int64_t kWinogradMinColumns2 = 512;
 constexpr int64_t kWinogradMinColumns4 = 128;
 
@@ -62,39 +60,27 @@ constexpr int64_t kWinogradMinColumns4 = 128;
 // weights' transforms (forward; and backward's turned kernels and weight
 // gradient) and the packing of N^2 weight matrices per chunk where im2col
 // packs one of 9/N^2 the size. Only the columns repay them, F(4x4)'s 36
-// matrices later than F(2x2)'s 16. A layer's forward + backward timed
-// alone on each path, 1 thread, AVX-512 EPYC, as a fraction of im2col's
-// time, im2col / F(2x2) / F(4x4):
-//   512 channels on 4x4:  32 blocks 1 / 1.09 / 1.66;  64: 1 / 0.83 / 0.96;
-//                         128: 1 / 0.73 / 0.71;  256: 1 / 0.60 / 0.51
-//   256 channels on 7x7:  64 blocks 1 / 1.03 / 1.27;  128: 1 / 0.93 / 0.87;
-//                         256: 1 / 0.87 / 0.70;  1024: 1 / 0.77 / 0.54
-//   128 channels on 14x14: 49 blocks 1 / 0.80 / 0.93;  98: 1 / 0.75 / 0.70
-//   64 channels on 28x28: 196 blocks 1 / 0.80 / 0.76;  392: 1 / 0.71 / 0.58
-// --deterministic's micro-shards of 8 images are where it matters.
+// matrices later than F(2x2)'s 16. Hence F(2x2) from 64 blocks, F(4x4)
+// from 96, im2col below; --deterministic's micro-shards of 8 images are
+// where it matters (measurements: bench/RESULTS.md, "Winograd or im2col, by
+// output blocks").
 constexpr int64_t kWinogradMinCallColumns = 64;
 constexpr int64_t kWinogradTile4Columns = 96;
 
 // Micro-shards that share one transform of the kernels (Kernel::begin_shards,
 // nn/cpu/device.cpp) pay the forward's and the input gradient's weight
 // transforms once per op, not per call; only the weight gradient's remain.
-// That moves the break-even down: 512 channels on 4x4, forward + backward
-// with the kernels transformed beforehand, 1 thread, AVX-512 EPYC: 8 images
-// (32 blocks) im2col 20.2 to 21.0 ms, F(2x2) 17.6 to 18.6 (and 22 to 23 with
-// its transforms); 4 images (16 blocks) im2col 11.0 to 11.4, F(2x2) 12.5 to
-// 12.7 (winograd_applies_to_shards).
+// That moves the break-even down to 32 blocks (winograd_applies_to_shards;
+// measurements: bench/RESULTS.md, "Winograd for micro-shards").
 constexpr int64_t kWinogradMinShardColumns = 32;
 
 // A micro-shard's weight gradient on Winograd's path is N^2 GEMMs as deep as
 // the shard has tiles, whose K x C outputs are written, then transformed
 // back to 9 x K x C: at 512 channels 17 MB a shard for F(2x2). im2col's
 // writes the 9 x K x C directly, from GEMMs four times as deep (a 2x2 block's
-// pixels). Weight gradient alone, F(2x2) against im2col, 1 thread, AVX-512
-// EPYC (two such processes at once: the ranks of -np 2 on two cores): 512
-// channels on 4x4, 8 images (32 blocks) 7.9 to 8.9 ms against 6.6 to 7.1;
-// 16 images (64 blocks) 12.2 against 13.5; 256 channels on 7x7, 4 images
-// (64 blocks) 2.70 against 2.35; 128 on 14x14, 1 image (49 blocks) 0.50
-// against 0.59. Below 48 blocks im2col's (shard_weight_grad_by_im2col).
+// pixels). On few tiles that costs more than im2col's deeper GEMMs: below
+// 48 blocks im2col's (shard_weight_grad_by_im2col; measurements:
+// bench/RESULTS.md, "A micro-shard's weight gradient: Winograd or im2col").
 constexpr int64_t kWinogradMinShardWeightGradColumns = 48;
 
 // F(MxM, 3x3) along one axis of a block (N = M + 2 values): B^T for the

@@ -30,20 +30,17 @@
 namespace ddp::nn::cpu {
 
 // Bytes of im2col columns + GEMM output one chunk may use: a quarter of a
-// 2 MiB L2, as OpenBLAS copies col once more. Measured on LeNet: twice this
-// is no faster for conv2 and up to 3x slower for conv1's GEMMs, which past
-// 8 images (M*N*K > 1e6) leave OpenBLAS's unpacked small-matrix kernels.
+// 2 MiB L2, as OpenBLAS copies col once more; larger chunks push conv1's
+// GEMMs out of OpenBLAS's small-matrix kernels (measurements:
+// bench/RESULTS.md, "Convolution chunks").
 constexpr int64_t kConvChunkBytes = int64_t(512) << 10;
 
 // Columns (images x output pixels) a chunk's GEMMs get at least, whatever the
 // budget above says. Deep layers have many channels on few pixels (ResNet-18's
 // last block: 4608 x 16 columns an image, 512 filters): a one-image chunk
 // makes OpenBLAS pack the 9 MiB weight matrix for a 16-column product, and
-// the weight gradient then takes rank-16 updates. Measured with bench_nn
-// (resnet18, batch 128, 1 thread, AVX-512 EPYC): 26 samples/s with the budget
-// alone, 30 at a floor of 256 or 1024 columns, 28 at 4096 (the 28x28 layers'
-// columns then leave the caches); LeNet's conv2 (100 pixels) moves from 7 to
-// 11 images a chunk, within the noise of its samples/s.
+// the weight gradient then takes rank-16 updates (measurements:
+// bench/RESULTS.md, "Convolution chunks").
 constexpr int64_t kConvMinColumns = 1024;
 
 // Images per chunk: the cache budget, raised to kConvMinColumns, and at most

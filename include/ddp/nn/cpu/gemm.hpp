@@ -4,22 +4,14 @@
 //
 // Note [OpenBLAS, not our own kernels]: the conv layers once ran hand-written
 // AVX-512 GEMM kernels (register-tiled, reading im2col's columns in place).
-// Measured against this OpenBLAS path on the same chunked im2col engine
-// (bench_nn, LeNet forward + backward; 2-core AVX-512 Xeon VM, Debian
-// OpenBLAS 0.3.21; the two paths alternated run by run, 90 runs each, runs
-// disturbed by other processes redone), OpenBLAS reached ~80% of the
-// kernels' samples/s:
-//   batch 256, 2 threads: kernels 8811, OpenBLAS 7088 samples/s (medians; 0.80;
-//                         0.80 paired run by run; 0.79 on each run's best step)
-//   batch 128, 1 thread:  kernels 4854, OpenBLAS 3796 samples/s (0.78; 0.82
-//                         paired; 0.80 on best steps, 6008 vs 4810)
-// and the same again (0.80 and 0.79, 30 rounds each) for this code against
-// the last build with the kernels.
+// Measured on the same chunked im2col engine, OpenBLAS was slower than the
+// kernels, by less than their upkeep is worth (measurements:
+// bench/RESULTS.md, "OpenBLAS against hand-written GEMM kernels").
 // The gap is OpenBLAS copying (packing) both operands of every call, the
 // im2col columns included; turning the operands around (dW^T, W^T
 // pre-transposed, an im2row layout) measured no better. At that cost the
 // project takes the library over ~250 lines of intrinsics. Before bringing
-// kernels back for speed, measure against those numbers. The one exception
+// kernels back for speed, measure against those figures. The one exception
 // is --deterministic's micro-shards, which multiply the same weights many
 // times a step: there OpenBLAS's packing on every call is what costs, and
 // gemm_packed shares one (Note [packed weights] in nn/cpu/packed_gemm.hpp).
@@ -44,11 +36,11 @@ inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, 
 // Note [serial OpenBLAS]: the ops split a batch over the model's threads
 // (ThreadPool) and each thread calls gemm on its own share, so OpenBLAS must
 // not thread those calls too: its threads would fight ours for the same cores.
-// (Letting OpenBLAS thread each chunk's GEMMs from one thread instead, the
-// old fallback for CPUs without AVX-512, measured 1830 against 3325 samples/s
-// at batch 256 on 2 threads, portable build.) OpenBLAS's thread count is global,
-// so a SerialBlas sets it to 1 for its lifetime: from the first guard alive
-// (in any thread) to the last, after which the count World set
+// (Letting OpenBLAS thread each chunk's GEMMs from one thread instead
+// measured slower: bench/RESULTS.md, "One OpenBLAS thread per call".)
+// OpenBLAS's thread count is global, so a SerialBlas sets it to 1 for its
+// lifetime: from the first guard alive (in any thread) to the last, after
+// which the count World set
 // (set_blas_threads) is back. OpenBLAS's FAQ prescribes exactly this for
 // multi-threaded callers, and its pthread build (Debian's
 // libopenblas0-pthread) locks its shared buffer pool, so concurrent

@@ -6,10 +6,10 @@
 // ResNet-18's last block multiplies its 512 x 512 Winograd planes (or
 // 512 x 4608 im2col weights) by 32 to 128 columns a shard. OpenBLAS copies
 // (packs) the weight operand on every call, so the same weights were packed
-// 16 times a step, from memory each time: sgemm_oncopy took 10% of a
-// deterministic run's samples against 4.8% of a plain one's. Here the
-// micro-shards of one step share one packing of the weights, made by
-// Kernel::begin_shards, and each call packs only its own (small) B.
+// 16 times a step, from memory each time (measurements: bench/RESULTS.md,
+// "Packed weights for micro-shards"). Here the micro-shards of one step
+// share one packing of the weights, made by Kernel::begin_shards, and each
+// call packs only its own (small) B.
 //
 // A is packed into panels of kRows rows: for every k, the panel's kRows
 // values of column k side by side, zero past A's last row. gemm_packed walks
