@@ -10,7 +10,7 @@
 #include "ddp/core/abandon.hpp"  // abandon: buffers an in-flight collective may write
 #include "ddp/core/error.hpp"
 #include "ddp/core/fixed_point.hpp"  // to_fixed, from_fixed: the GPU's arithmetic too
-#include "ddp/nn/device.hpp"        // sum_in_shard_order
+#include "ddp/deterministic/shards.hpp"  // sum_in_shard_order
 
 namespace ddp {
 
@@ -40,7 +40,7 @@ void sum_shards_in_order(comm::Communicator& comm, const double* per_shard, int 
   const size_t total = all.size() / (n * sizeof(double));
   std::vector<double> v(total * n);
   std::memcpy(v.data(), all.data(), v.size() * sizeof(double));
-  nn::sum_in_shard_order(v.data(), total, n, out);
+  deterministic::sum_in_shard_order(v.data(), total, n, out);
 }
 
 ExactGradientSum::ExactGradientSum(std::vector<size_t> param_numels, int shards)
@@ -62,13 +62,6 @@ void ExactGradientSum::set_exponents(const std::vector<int64_t>& e) {
     DDP_CHECK(x >= -kMaxExponent && x <= kMaxExponent, "--deterministic: gradient exponent ", x, " is outside [",
               -kMaxExponent, ", ", kMaxExponent, "]");
   exponents_ = e;
-}
-
-void ExactGradientSum::add(const float* grads) { add(grads, 0, numels_.size()); }
-
-void ExactGradientSum::add(const float* grads, size_t first, size_t count) {
-  check_params(first, count);
-  add(0, grads + offsets_[first], first, count);
 }
 
 void ExactGradientSum::check_params(size_t first, size_t count) const {

@@ -92,7 +92,6 @@ class CudaExactGradientSum final : public ExactGradientSum {
   }
   int lanes() const override { return 1; }
 
-  using ExactGradientSum::add;
   void add(int lane, const float* g, size_t first, size_t count) override {
     check_add(lane, 1, first, count);
     if (count == 0) return;

@@ -6,7 +6,6 @@
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/rng.hpp"
-#include "ddp/nn/cpu/ops.hpp"
 
 namespace ddp::nn {
 
@@ -185,14 +184,11 @@ void Model::reserve(int batch) {
   capacity_ = batch;
 }
 
-const float* Model::forward(const float* x, int batch, Mode mode, int shard) {
+const float* Model::forward(const float* x, int batch, Mode mode) {
   DDP_CHECK(batch > 0, "model ", name(), ": forward with batch ", batch);
   DDP_CHECK(x, "model ", name(), ": forward with null input");
-  DDP_CHECK(shard == 0 || (shard > 0 && (mode == Mode::Eval || batch % shard == 0)), "model ", name(),
-            ": a training forward of batch ", batch, " in micro-shards of ", shard);
   reserve(batch);
   input_ = x;
-  const int64_t shards = shard > 0 ? (batch + shard - 1) / shard : 0;
   // Note [mixed precision]: the weights as the half ops compute with them.
   for (size_t i = 0; i < graph_.ops.size(); ++i)
     if (const auto [at, n] = param_span(i); half_op(i) && n)
@@ -209,73 +205,24 @@ const float* Model::forward(const float* x, int batch, Mode mode, int shard) {
       device_.round(half_in_[i]->data(), a.x[0], size_t(batch) * size_t(op.in.numel()), precision_);
       a.x[0] = half_in_[i]->data();
     }
-    TraceScope span(mode == Mode::Train ? trace_ : nullptr, Trace::kStep, "forward",
-                    trace_ && trace_->active() ? detail::concat(op.name, " (", to_string(op.kind), ")") : "");
-    // Note [micro-shards] (device.hpp): BatchNorm takes the whole batch and
-    // its shard size, every other op one micro-shard at a time, on the lanes.
-    const bool whole = shard == 0 || op.kind == OpKind::BatchNorm2d;
-    a.shard = op.kind == OpKind::BatchNorm2d && mode == Mode::Train ? shard : 0;
-    if (whole) {
-      kernels_[i]->forward(a);
-    } else {
-      kernels_[i]->begin_lanes(batch);
-      kernels_[i]->begin_shards(a, shard, /*backward=*/false);
-      if (kernels_[i]->shards_in_one_call()) {  // Note [shard runs]
-        const std::vector<ShardRun> runs = shard_runs_on_lanes(batch, shard, device_.lanes());
-        device_.for_lanes(int64_t(runs.size()), [&](int64_t r, int lane) {
-          kernels_[i]->forward(shard_args(i, a, runs[size_t(r)].first, shard, lane, runs[size_t(r)].count));
-        });
-      } else {
-        device_.for_lanes(shards,
-                          [&](int64_t k, int lane) { kernels_[i]->forward(shard_args(i, a, k, shard, lane)); });
-      }
+    {
+      TraceScope span(mode == Mode::Train ? trace_ : nullptr, Trace::kStep, "forward",
+                      trace_ && trace_->active() ? detail::concat(op.name, " (", to_string(op.kind), ")") : "");
+      op_forward(i, a);
     }
     if (half_op(i)) device_.round(a.y, a.y, size_t(batch) * size_t(op.out.numel()), precision_);
   }
   last_batch_ = mode == Mode::Train ? batch : -1;
-  last_shard_ = shard;
   return value(graph_.output);
 }
 
-std::vector<ShardRun> shard_runs_on_lanes(int batch, int shard, int lanes) {
-  DDP_CHECK(batch >= 0 && shard > 0 && lanes > 0, "micro-shard runs: batch ", batch, ", shard ", shard, ", lanes ",
-            lanes);
-  const int64_t whole = batch / shard, runs = std::min<int64_t>(lanes, whole);
-  std::vector<ShardRun> out;
-  for (int64_t r = 0; r < runs; ++r) out.push_back({r * whole / runs, (r + 1) * whole / runs - r * whole / runs});
-  if (batch % shard) out.push_back({whole, 1});
-  return out;
-}
+void Model::op_forward(size_t i, const OpArgs& a) { kernels_[i]->forward(a); }
 
-ShardRuns shard_runs(const OpArgs& a, int64_t image_floats, size_t width, const std::string& op) {
-  ShardRuns r;
-  r.size = a.shard ? a.shard : a.batch;
-  DDP_CHECK(r.size > 0 && a.batch % r.size == 0, "BatchNorm2d ", op, ": a batch of ", a.batch,
-            " does not split into micro-shards of ", r.size);
-  r.n = a.batch / r.size;
-  r.stride = int64_t(r.size) * image_floats;
-  r.width = width;
-  return r;
-}
-
-OpArgs Model::shard_args(size_t i, const OpArgs& a, int64_t k, int shard, int lane, int64_t count) const {
-  const Op& op = graph_.ops[i];
-  const int64_t first = k * shard;
-  OpArgs part = a;
-  part.batch = int(std::min<int64_t>(count * shard, a.batch - first));
-  part.shard = 0;
-  part.lane = lane;
-  part.first = first;
-  for (size_t j = 0; j < op.inputs.size(); ++j)
-    part.x[j] = a.x[j] + first * graph_.values[size_t(op.inputs[j])].numel();
-  part.y = a.y + first * graph_.values[i + 1].numel();
-  return part;
-}
-
-void Model::take_grads(size_t i, float* g, int lane, ShardGradients& to) {
-  const std::vector<size_t>& ps = graph_.op_params[i];
-  to.take(lane, g, ps.front(), ps.size());
-  device_.fill(g, param_span(i).second, 0.0f);
+void Model::op_backward(size_t i, const float* dy, const std::vector<float*>& dx, int) {
+  if (half_op(i) && !graph_.op_params[i].empty())
+    rounded_backward(i, dy, dx);
+  else
+    kernels_[i]->backward(args_[i], dy, dx);
 }
 
 void Model::rounded_backward(size_t i, const float* dy, const std::vector<float*>& dx) {
@@ -290,23 +237,6 @@ void Model::rounded_backward(size_t i, const float* dy, const std::vector<float*
 }
 
 void Model::backward(const float* dlogits, int batch, const std::function<void(size_t)>& on_ready) {
-  DDP_CHECK(last_batch_ < 0 || last_shard_ == 0, "model ", name(),
-            ": a training forward in micro-shards needs backward_shards");
-  run_backward(dlogits, batch, on_ready, nullptr);
-}
-
-void Model::backward_shards(const float* dlogits, int batch, ShardGradients& to) {
-  DDP_CHECK(last_batch_ < 0 || last_shard_ > 0, "model ", name(), ": backward_shards after a forward of one batch");
-  if (lane_grads_.empty()) {
-    size_t most = 0;
-    for (size_t i = 0; i < graph_.ops.size(); ++i) most = std::max(most, param_span(i).second);
-    for (int l = 0; l < device_.lanes(); ++l) lane_grads_.push_back(device_.alloc(std::max<size_t>(most, 1)));
-  }
-  run_backward(dlogits, batch, {}, &to);
-}
-
-void Model::run_backward(const float* dlogits, int batch, const std::function<void(size_t)>& on_ready,
-                         ShardGradients* to) {
   DDP_CHECK(last_batch_ == batch, "model ", name(), ": backward for batch ", batch,
             last_batch_ < 0 ? std::string(" without a training forward") : " after forward of batch " +
                                                                               std::to_string(last_batch_));
@@ -338,68 +268,11 @@ void Model::run_backward(const float* dlogits, int batch, const std::function<vo
       }
     }
     DDP_CHECK(add_later.size() <= 1, "model ", name(), ": op ", op.name, " reads one value more than twice");
-    TraceScope span(trace_, Trace::kStep, "backward",
-                    trace_ && trace_->active() ? detail::concat(op.name, " (", to_string(op.kind), ")") : "");
-    const std::vector<size_t>& ps = graph_.op_params[i];
-    if (!to) {
-      if (half_op(i) && !ps.empty())
-        rounded_backward(i, dy, dx);
-      else
-        kernels_[i]->backward(args_[i], dy, dx);
-    } else if (op.kind == OpKind::BatchNorm2d) {
-      // Note [micro-shards]: the kernel hands over its shards' gradients, in
-      // grads(), off the lanes.
-      OpArgs a = args_[i];
-      a.shard_grads = [&] { take_grads(i, a.dp[0], 0, *to); };
-      kernels_[i]->backward(a, dy, dx);
-    } else {
-      // Note [lanes]: each lane's parameter gradients in its own buffer.
-      const size_t base = ps.empty() ? 0 : graph_.params[ps.front()].offset;
-      kernels_[i]->begin_shards(args_[i], last_shard_, /*backward=*/true);
-      const auto dx_of = [&](const OpArgs& part) {
-        std::vector<float*> d = dx;
-        for (size_t j = 0; j < op.inputs.size(); ++j)
-          if (d[j]) d[j] += part.first * graph_.values[size_t(op.inputs[j])].numel();
-        return d;
-      };
-      // Note [shard runs]: the input gradients a run of micro-shards at a
-      // time, then the parameter gradients one micro-shard at a time; or,
-      // where the kernel converts them itself (Note [fixed-point epilogue]
-      // in nn/cpu/packed_gemm.hpp), in the runs' calls too.
-      const bool fixed = kernels_[i]->shards_in_one_call() && kernels_[i]->shard_grads_to_sinks() &&
-                         !ps.empty() && !half_op(i);
-      const bool runs = kernels_[i]->shards_in_one_call() &&
-                        (fixed || std::any_of(dx.begin(), dx.end(), [](const float* d) { return d != nullptr; }));
-      // Micro-shard k's parameter gradients (and its input gradient unless
-      // a run's call took it) in a call of its own, handed to `to`.
-      const auto one_shard = [&](int64_t k, int lane) {
-        OpArgs part = shard_args(i, args_[i], k, last_shard_, lane);
-        float* g = lane_grads_[size_t(lane)]->data();
-        for (size_t j = 0; j < ps.size(); ++j) part.dp[j] = g + (graph_.params[ps[j]].offset - base);
-        const std::vector<float*> dx_part = runs ? std::vector<float*>(dx.size(), nullptr) : dx_of(part);
-        kernels_[i]->backward(part, dy + part.first * graph_.values[i + 1].numel(), dx_part);
-        if (half_op(i) && !ps.empty()) device_.round(g, g, param_span(i).second, precision_);
-        if (!ps.empty()) take_grads(i, g, lane, *to);
-      };
-      if (runs) {
-        const std::vector<ShardRun> r = shard_runs_on_lanes(batch, last_shard_, device_.lanes());
-        device_.for_lanes(int64_t(r.size()), [&](int64_t k, int lane) {
-          const ShardRun run = r[size_t(k)];
-          OpArgs part = shard_args(i, args_[i], run.first, last_shard_, lane, run.count);
-          std::fill(part.dp.begin(), part.dp.end(), nullptr);
-          if (fixed) {
-            part.sinks.resize(ps.size());
-            if (!to->sinks(lane, ps.front(), ps.size(), part.sinks.data())) part.sinks.clear();
-          }
-          kernels_[i]->backward(part, dy + part.first * graph_.values[i + 1].numel(), dx_of(part));
-          // Sums that are not the host's: this run's micro-shards one by one.
-          if (fixed && part.sinks.empty())
-            for (int64_t m = run.first; m < run.first + run.count; ++m) one_shard(m, lane);
-        });
-      }
-      if (!fixed) device_.for_lanes(batch / last_shard_, one_shard);
+    {
+      TraceScope span(trace_, Trace::kStep, "backward",
+                      trace_ && trace_->active() ? detail::concat(op.name, " (", to_string(op.kind), ")") : "");
+      op_backward(i, dy, dx, batch);
     }
-    if (to && !ps.empty()) to->taken(ps.front(), ps.size());
     if (half_op(i))
       for (size_t j = 0; j < op.inputs.size(); ++j)
         if (dx[j])
@@ -411,24 +284,6 @@ void Model::run_backward(const float* dlogits, int batch, const std::function<vo
     }
     if (on_ready) on_ready(graph_.ready_after[i]);
   }
-}
-
-float softmax_cross_entropy(const float* logits, const int32_t* labels, int batch, int classes, float* dlogits,
-                            int grad_batch) {
-  return cpu::softmax_cross_entropy<float>(logits, labels, batch, classes, dlogits, grad_batch);
-}
-
-int64_t count_correct(const float* logits, const int32_t* labels, int batch, int classes) {
-  DDP_CHECK(classes > 0, "count_correct: classes must be positive, got ", classes);
-  int64_t correct = 0;
-  for (int r = 0; r < batch; ++r) {
-    const float* z = logits + int64_t(r) * classes;
-    int best = 0;
-    for (int c = 1; c < classes; ++c)
-      if (z[c] > z[best]) best = c;
-    correct += best == labels[r];
-  }
-  return correct;
 }
 
 }  // namespace ddp::nn

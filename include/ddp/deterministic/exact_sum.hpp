@@ -83,12 +83,6 @@ class ExactGradientSum {
 
   // Before a step's first micro-shard: empties the sums.
   void begin_step() { clear_sums(); }
-  // One micro-shard's gradients (the whole flat buffer, the device's memory).
-  void add(const float* grads);
-  // One micro-shard's gradients of params [first, first + count) only
-  // (grads: the whole flat buffer).
-  void add(const float* grads, size_t first, size_t count);
-
   // Note [lanes] (nn/device.hpp): up to `lanes` callers may add at once,
   // each with a lane of its own. Lanes other than 0 sum into integers of
   // their own, folded into the step's sums per run of parameters: integer
@@ -132,7 +126,6 @@ class ExactGradientSum {
   // What one rank sends per step: the sums and the maxima.
   int64_t bytes_per_step() const { return int64_t(total_ * sizeof(int64_t) + numels_.size() * sizeof(double)); }
   int64_t redone_steps() const { return redone_; }
-  int shards() const { return shards_; }
 
  protected:
   // param_numels in flat order; shards: micro-shards of the global batch,
@@ -184,7 +177,6 @@ class HostExactGradientSum final : public ExactGradientSum {
   ~HostExactGradientSum() override;
   HostExactGradientSum(const HostExactGradientSum&) = delete;
   HostExactGradientSum& operator=(const HostExactGradientSum&) = delete;
-  using ExactGradientSum::add;
   void set_lanes(int lanes) override;
   int lanes() const override { return int(lane_acc_.size()) + 1; }
   void add(int lane, const float* g, size_t first, size_t count) override;

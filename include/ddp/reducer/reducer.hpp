@@ -59,7 +59,6 @@ class Reducer {
   // no_sync: while false, begin_backward/grads_ready/finish communicate nothing
   // and gradients accumulate locally.
   void set_sync(bool sync) { sync_ = sync; }
-  bool sync() const { return sync_; }
 
   // The parameters' names in flat order, for the names of the buckets'
   // all-reduces ("... (parameters 4..9: fc1.bias .. conv2.weight)"), which

@@ -5,6 +5,7 @@
 
 #include "ddp/core/error.hpp"
 #include "ddp/nn/cpu/ops.hpp"
+#include "ddp/nn/model.hpp"  // softmax_cross_entropy, count_correct: the host's, here
 
 namespace ddp::nn::cpu {
 
@@ -41,3 +42,26 @@ template float softmax_cross_entropy<float>(const float*, const int32_t*, int, i
 template double softmax_cross_entropy<double>(const double*, const int32_t*, int, int, double*, int);
 
 }  // namespace ddp::nn::cpu
+
+namespace ddp::nn {
+
+// model.hpp's host versions.
+float softmax_cross_entropy(const float* logits, const int32_t* labels, int batch, int classes, float* dlogits,
+                            int grad_batch) {
+  return cpu::softmax_cross_entropy<float>(logits, labels, batch, classes, dlogits, grad_batch);
+}
+
+int64_t count_correct(const float* logits, const int32_t* labels, int batch, int classes) {
+  DDP_CHECK(classes > 0, "count_correct: classes must be positive, got ", classes);
+  int64_t correct = 0;
+  for (int r = 0; r < batch; ++r) {
+    const float* z = logits + int64_t(r) * classes;
+    int best = 0;
+    for (int c = 1; c < classes; ++c)
+      if (z[c] > z[best]) best = c;
+    correct += best == labels[r];
+  }
+  return correct;
+}
+
+}  // namespace ddp::nn

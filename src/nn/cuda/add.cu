@@ -1,6 +1,6 @@
 // The residual add on the GPU (and the ReLU after it): element-wise kernels
 // over kernel_math.hpp's add_at and add_grad_at.
-#include "kernels.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/nn/kernel_math.hpp"      // add_at, add_grad_at
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK_LAUNCH
 

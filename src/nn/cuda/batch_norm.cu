@@ -3,13 +3,12 @@
 // results repeat bit for bit), one thread a channel turns the sums into the
 // constants (kernel_math.hpp's bn_*_channel, the CPU's very formulas), and an
 // element-wise pass applies them. With a StatsReducer the sums go to the
-// host, are summed over ranks (SyncBatchNorm), and come back. With
-// OpArgs::shard (--deterministic) every sum is taken micro-shard by
-// micro-shard and the shards' sums added in global shard order, as the CPU's
-// are (Note [micro-shards] in device.hpp).
+// host, are summed over ranks (SyncBatchNorm), and come back. The
+// deterministic mode takes the sums micro-shard by micro-shard
+// (CudaBatchNorm::channel_sums, deterministic/).
 #include <cuda_runtime_api.h>
 
-#include "kernels.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/core/error.hpp"          // DDP_CHECK
 #include "ddp/nn/kernel_math.hpp"      // bn_*
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK, DDP_CUDA_CHECK_LAUNCH
@@ -113,17 +112,6 @@ __global__ void bn_backward_channel_kernel(int c, const double* __restrict__ sum
                                 &chan[5 * c + ch], &chan[6 * c + ch]);
 }
 
-// out[i] = the sum of per_shard[k * width + i] over k in shard order, from
-// 0.0: sum_in_shard_order's order (device.hpp).
-__global__ void bn_sum_shards_kernel(int shards, int width, const double* __restrict__ per_shard,
-                                     double* __restrict__ out) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x) {
-    double s = 0.0;
-    for (int k = 0; k < shards; ++k) s += per_shard[int64_t(k) * width + i];
-    out[i] = s;
-  }
-}
-
 __global__ void bn_apply_kernel(int64_t n, int c, int hw, const float* __restrict__ x, const float* __restrict__ chan,
                                 float* __restrict__ y) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -153,37 +141,6 @@ CudaBatchNorm::CudaBatchNorm(const Op& op, cuda::Context& ctx, StatsReducer* sta
 CudaBatchNorm::~CudaBatchNorm() {
   if (chan_) cudaFreeAsync(chan_, ctx_.compute());
   if (sums_) cudaFreeAsync(sums_, ctx_.compute());
-  if (per_shard_) cudaFreeAsync(per_shard_, ctx_.compute());
-}
-
-double* CudaBatchNorm::shard_sums(int shards, size_t width) {
-  const size_t n = size_t(shards) * width;
-  if (per_shard_size_ < n) {
-    if (per_shard_) ctx_.free(per_shard_);  // stream-ordered: after what read it
-    per_shard_ = static_cast<double*>(ctx_.alloc(sizeof(double) * n));
-    per_shard_size_ = n;
-  }
-  return per_shard_;
-}
-
-void CudaBatchNorm::reduce_shards(int shards, size_t width, const std::string& what) {
-  if (!stats_) {
-    bn_sum_shards_kernel<<<cuda_grid(int64_t(width)), kCudaThreads, 0, ctx_.compute()>>>(shards, int(width),
-                                                                                         per_shard_, sums_);
-    DDP_CUDA_CHECK_LAUNCH(bn_sum_shards_kernel);
-    return;
-  }
-  const size_t n = size_t(shards) * width;
-  if (host_.size() < n) host_.resize(n);
-  host_out_.resize(width);
-  // Note [bounded copies to the host]: the bounded wait first; the copy into
-  // pageable memory then returns done.
-  stats_->sync_device(op_.name + ": " + what);
-  DDP_CUDA_CHECK(
-      cudaMemcpyAsync(host_.data(), per_shard_, sizeof(double) * n, cudaMemcpyDeviceToHost, ctx_.compute()));
-  stats_->sum_shards(host_.data(), shards, width, host_out_.data(), op_.name + ": " + what);
-  DDP_CUDA_CHECK(
-      cudaMemcpyAsync(sums_, host_out_.data(), sizeof(double) * width, cudaMemcpyHostToDevice, ctx_.compute()));
 }
 
 void CudaBatchNorm::reduce(size_t n, const std::string& what) {
@@ -192,6 +149,11 @@ void CudaBatchNorm::reduce(size_t n, const std::string& what) {
   DDP_CUDA_CHECK(cudaMemcpyAsync(host_.data(), sums_, sizeof(double) * n, cudaMemcpyDeviceToHost, ctx_.compute()));
   stats_->sum(host_.data(), n, op_.name + ": " + what);
   DDP_CUDA_CHECK(cudaMemcpyAsync(sums_, host_.data(), sizeof(double) * n, cudaMemcpyHostToDevice, ctx_.compute()));
+}
+
+void CudaBatchNorm::channel_sums(const OpArgs& a, size_t width, const RunSum& sum, const std::string& what, bool) {
+  sum(0, a.batch, sums_);
+  reduce(width, what);
 }
 
 void CudaBatchNorm::forward(const OpArgs& a) {
@@ -204,19 +166,23 @@ void CudaBatchNorm::forward(const OpArgs& a) {
   } else {
     const double count = double(a.batch) * hw_ * (stats_ ? stats_->ranks() : 1);
     DDP_CHECK(count > 1, "BatchNorm2d ", op_.name, ": training needs more than one value per channel, got ", count);
-    const ShardRuns r = runs(a, size_t(c_));
-    for (int k = 0; k < r.n; ++k) {
-      bn_sums_kernel<<<c_, kThreads, 0, s>>>(r.size, c_, hw_, a.x[0] + k * r.stride, nullptr, r.sums(k));
-      DDP_CUDA_CHECK_LAUNCH(bn_sums_kernel);
-    }
-    combine(a, r, "batch mean");
+    const int64_t image = int64_t(c_) * hw_;
+    channel_sums(
+        a, size_t(c_),
+        [&](int64_t first, int images, double* out) {
+          bn_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, a.x[0] + first * image, nullptr, out);
+          DDP_CUDA_CHECK_LAUNCH(bn_sums_kernel);
+        },
+        "batch mean", /*backward=*/false);
     bn_mean_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, chan_);
     DDP_CUDA_CHECK_LAUNCH(bn_mean_kernel);
-    for (int k = 0; k < r.n; ++k) {
-      bn_sums_kernel<<<c_, kThreads, 0, s>>>(r.size, c_, hw_, a.x[0] + k * r.stride, chan_, r.sums(k));
-      DDP_CUDA_CHECK_LAUNCH(bn_sums_kernel);
-    }
-    combine(a, r, "batch variance");
+    channel_sums(
+        a, size_t(c_),
+        [&](int64_t first, int images, double* out) {
+          bn_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, a.x[0] + first * image, chan_, out);
+          DDP_CUDA_CHECK_LAUNCH(bn_sums_kernel);
+        },
+        "batch variance", /*backward=*/false);
     bn_train_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, op_.eps, op_.momentum, a.p[0], a.p[1], chan_,
                                                    a.buf[0], a.buf[1]);
     DDP_CUDA_CHECK_LAUNCH(bn_train_kernel);
@@ -230,21 +196,21 @@ void CudaBatchNorm::forward(const OpArgs& a) {
 void CudaBatchNorm::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
   const cudaStream_t s = ctx_.compute();
   const unsigned cgrid = cuda_grid(c_);
-  // Per run, sum(dy) and sum(dy (x - mean)): 2c values. This rank's sums
-  // make its weight and bias gradients (a micro-shard's alone, handed over at
-  // once, with OpArgs::shard); the input gradient needs them over every rank
-  // the statistics came from.
-  const ShardRuns r = runs(a, 2 * size_t(c_));
-  for (int k = 0; k < r.n; ++k) {
-    bn_grad_sums_kernel<<<c_, kThreads, 0, s>>>(r.size, c_, hw_, a.x[0] + k * r.stride, chan_, dy + k * r.stride,
-                                                r.sums(k));
-    DDP_CUDA_CHECK_LAUNCH(bn_grad_sums_kernel);
-    bn_param_grads_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, r.sums(k), chan_, a.dp[0], a.dp[1]);
-    DDP_CUDA_CHECK_LAUNCH(bn_param_grads_kernel);
-    if (a.shard) a.shard_grads();
-  }
+  const int64_t image = int64_t(c_) * hw_;
+  // sum(dy) and sum(dy (x - mean)): 2c values. This rank's sums make its
+  // weight and bias gradients; the input gradient needs them over every
+  // rank the statistics came from.
+  channel_sums(
+      a, 2 * size_t(c_),
+      [&](int64_t first, int images, double* out) {
+        bn_grad_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, a.x[0] + first * image, chan_,
+                                                    dy + first * image, out);
+        DDP_CUDA_CHECK_LAUNCH(bn_grad_sums_kernel);
+        bn_param_grads_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, out, chan_, a.dp[0], a.dp[1]);
+        DDP_CUDA_CHECK_LAUNCH(bn_param_grads_kernel);
+      },
+      "gradient sums", /*backward=*/true);
   if (!dx[0]) return;
-  combine(a, r, "gradient sums");
   const double count = double(a.batch) * hw_ * (stats_ ? stats_->ranks() : 1);
   bn_backward_channel_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, a.p[0], chan_);
   DDP_CUDA_CHECK_LAUNCH(bn_backward_channel_kernel);
@@ -252,20 +218,6 @@ void CudaBatchNorm::backward(const OpArgs& a, const float* dy, const std::vector
   if (n <= 0) return;
   bn_backward_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, hw_, a.x[0], dy, chan_, dx[0]);
   DDP_CUDA_CHECK_LAUNCH(bn_backward_kernel);
-}
-
-ShardRuns CudaBatchNorm::runs(const OpArgs& a, size_t width) {
-  ShardRuns r = shard_runs(a, int64_t(c_) * hw_, width, op_.name);
-  // The whole batch: its sums straight into sums_.
-  r.base = a.shard ? shard_sums(r.n, width) : sums_;
-  return r;
-}
-
-void CudaBatchNorm::combine(const OpArgs& a, const ShardRuns& r, const std::string& what) {
-  if (a.shard)
-    reduce_shards(r.n, r.width, what);
-  else
-    reduce(r.width, what);
 }
 
 }  // namespace ddp::nn

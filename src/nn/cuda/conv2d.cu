@@ -1,6 +1,6 @@
 // Conv2d on the GPU: the cuDNN convolution of nn/cuda/cudnn_conv.cu, bias included,
 // in fp32 or in 16 bits (Note [half kernels]).
-#include "kernels.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
 
 namespace ddp::nn {
 

@@ -5,7 +5,7 @@
 // the convolution's backward. Unlike the CPU twin the pooling is not fused
 // into the convolution (that would take a convolution kernel of our own):
 // correctness first, one extra pass over the conv output.
-#include "kernels.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/core/error.hpp"  // DDP_CHECK
 
 namespace ddp::nn {
@@ -25,27 +25,32 @@ CudaConvReluPool::CudaConvReluPool(const Op& op, cuda::Context& ctx)
             " is not the pooled conv output ", to_string(conv_));
 }
 
-// Note [lanes] (device.hpp): the whole batch's conv outputs are sized before
-// its micro-shards run, each at its first image's place.
-void CudaConvReluPool::begin_lanes(int batch) { pre_.reserve(ctx_, size_t(batch) * size_t(conv_.numel())); }
+void CudaConvReluPool::reserve(int batch) { pre_.reserve(ctx_, size_t(batch) * size_t(conv_.numel())); }
 
-float* CudaConvReluPool::pre(const OpArgs& a) {
-  return pre_.data() + size_t(first_sample(a)) * size_t(conv_.numel());
-}
+float* CudaConvReluPool::pre(int64_t first) { return pre_.data() + size_t(first) * size_t(conv_.numel()); }
 
 void CudaConvReluPool::forward(const OpArgs& a) {
-  if (a.lane < 0) pre_.reserve(ctx_, size_t(a.batch) * size_t(conv_.numel()));
-  DDP_CHECK(size_t(first_sample(a)) + size_t(a.batch) <= pre_.size() / size_t(conv_.numel()),
-            "op ", op_.name, ": images ", a.first, " .. ", a.first + a.batch, " beyond the batch begin_lanes sized");
-  conv_op_.forward(ctx_, a.batch, a.x[0], a.p[0], a.p[1], pre(a));
-  avgpool2_forward_cuda(int64_t(a.batch) * conv_.c, conv_.h, conv_.w, pre(a), /*relu=*/true, a.y, ctx_.compute());
+  reserve(a.batch);
+  forward_at(a, 0);
+}
+
+void CudaConvReluPool::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
+  backward_at(a, 0, dy, dx);
+}
+
+void CudaConvReluPool::forward_at(const OpArgs& a, int64_t first) {
+  DDP_CHECK(size_t(first) + size_t(a.batch) <= pre_.size() / size_t(conv_.numel()), "op ", op_.name, ": images ",
+            first, " .. ", first + a.batch, " beyond the batch reserved for");
+  conv_op_.forward(ctx_, a.batch, a.x[0], a.p[0], a.p[1], pre(first));
+  avgpool2_forward_cuda(int64_t(a.batch) * conv_.c, conv_.h, conv_.w, pre(first), /*relu=*/true, a.y,
+                        ctx_.compute());
   // Note [half kernels]: the op's output is 16-bit, as every rounding is the
   // kernel's own (the convolution rounded its output already).
   round_cuda(a.y, a.y, int64_t(a.batch) * op_.out.numel(), conv_op_.precision(), ctx_.compute());
   fwd_batch_ = a.batch;
 }
 
-void CudaConvReluPool::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
+void CudaConvReluPool::backward_at(const OpArgs& a, int64_t first, const float* dy, const std::vector<float*>& dx) {
   DDP_CHECK(fwd_batch_ == a.batch, "backward for batch ", a.batch, " after forward of batch ", fwd_batch_);
   const Precision prec = conv_op_.precision();
   if (prec != Precision::F32) {  // d(output) in 16 bits (Note [half kernels])
@@ -55,7 +60,7 @@ void CudaConvReluPool::backward(const OpArgs& a, const float* dy, const std::vec
     dy = dy_rounded_.data();
   }
   dpre_.reserve(ctx_, size_t(a.batch) * size_t(conv_.numel()));
-  avgpool2_backward_cuda(int64_t(a.batch) * conv_.c, conv_.h, conv_.w, dy, /*mask=*/pre(a), dpre_.data(),
+  avgpool2_backward_cuda(int64_t(a.batch) * conv_.c, conv_.h, conv_.w, dy, /*mask=*/pre(first), dpre_.data(),
                          ctx_.compute());
   conv_op_.backward(ctx_, a.batch, a.x[0], a.p[0], dpre_.data(), a.dp[0], a.dp[1], dx[0]);
 }

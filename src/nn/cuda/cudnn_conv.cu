@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/core/error.hpp"           // DDP_CHECK, DDP_FAIL, ddp::Error, detail::concat
 #include "ddp/nn/cuda/conv_algo.hpp"         // choose_conv_algo: Note [conv algorithms]
 #include "ddp/runtime/cuda_check.hpp"   // DDP_CUDNN_CHECK

@@ -1,10 +1,10 @@
-// The GPU device (cuda_device.hpp): its memory, its element-wise helpers, and
+// The GPU device (nn/cuda/device.hpp): its memory, its element-wise helpers, and
 // the kernel of each op kind.
 #include "ddp/nn/cuda/device.hpp"
 
 #include <string>
 
-#include "kernels.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/core/error.hpp"          // DDP_FAIL
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK, DDP_CUDA_CHECK_LAUNCH
 
@@ -39,74 +39,67 @@ class CudaArray final : public Array {
   cuda::DeviceBuffer buf_;
 };
 
-class CudaDevice final : public Device {
- public:
-  explicit CudaDevice(cuda::Context& ctx) : ctx_(ctx) {}
-  std::string name() const override { return "cuda:" + std::to_string(ctx_.device()); }
-
-  std::unique_ptr<Kernel> kernel(const Graph& g, size_t i, StatsReducer* stats) override {
-    const Op& op = g.ops[i];
-    switch (op.kind) {
-      case OpKind::Conv2d: return std::make_unique<CudaConv>(op, ctx_);
-      case OpKind::ConvReluPool: return std::make_unique<CudaConvReluPool>(op, ctx_);
-      case OpKind::BatchNorm2d: return std::make_unique<CudaBatchNorm>(op, ctx_, stats);
-      case OpKind::ReLU: return std::make_unique<CudaRelu>(op, ctx_);
-      case OpKind::Add: return std::make_unique<CudaAdd>(op, ctx_);
-      case OpKind::AvgPool2d: return std::make_unique<CudaAvgPool>(op, ctx_);
-      case OpKind::GlobalAvgPool: return std::make_unique<CudaGlobalAvgPool>(op, ctx_);
-      case OpKind::Flatten: return std::make_unique<CudaFlatten>(op, ctx_);
-      case OpKind::Linear: return std::make_unique<CudaLinear>(op, ctx_);
-    }
-    DDP_FAIL("no GPU kernel for ", to_string(op.kind));
-  }
-
-  std::unique_ptr<Array> alloc(size_t n) override { return std::make_unique<CudaArray>(ctx_, n); }
-
-  void fill(float* p, size_t n, float value) override {
-    if (n == 0) return;
-    if (value == 0.0f) {
-      DDP_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), ctx_.compute()));
-      return;
-    }
-    fill_kernel<<<cuda_grid(int64_t(n)), kCudaThreads, 0, ctx_.compute()>>>(int64_t(n), value, p);
-    DDP_CUDA_CHECK_LAUNCH(fill_kernel);
-  }
-
-  void add(float* dst, const float* src, size_t n) override {
-    if (n == 0) return;
-    add_kernel<<<cuda_grid(int64_t(n)), kCudaThreads, 0, ctx_.compute()>>>(int64_t(n), dst, src);
-    DDP_CUDA_CHECK_LAUNCH(add_kernel);
-  }
-
-  void scale(float* p, size_t n, float s) override {
-    if (n == 0) return;
-    scale_kernel<<<cuda_grid(int64_t(n)), kCudaThreads, 0, ctx_.compute()>>>(int64_t(n), s, p);
-    DDP_CUDA_CHECK_LAUNCH(scale_kernel);
-  }
-
-  void round(float* dst, const float* src, size_t n, Precision prec) override {
-    round_cuda(dst, src, int64_t(n), prec, ctx_.compute());
-  }
-
-  void to_host(float* host, const float* dev, size_t n) override {
-    if (n == 0) return;
-    DDP_CUDA_CHECK(cudaMemcpyAsync(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost, ctx_.compute()));
-    ctx_.sync();
-  }
-
-  void from_host(float* dev, const float* host, size_t n) override {
-    if (n == 0) return;
-    DDP_CUDA_CHECK(cudaMemcpyAsync(dev, host, n * sizeof(float), cudaMemcpyHostToDevice, ctx_.compute()));
-    ctx_.sync();  // the caller may reuse host at once
-  }
-
-  void sync() override { ctx_.sync(); }
-
- private:
-  cuda::Context& ctx_;
-};
-
 }  // namespace
+
+std::string CudaDevice::name() const { return "cuda:" + std::to_string(ctx_.device()); }
+
+std::unique_ptr<Kernel> CudaDevice::kernel(const Graph& g, size_t i, StatsReducer* stats) {
+  const Op& op = g.ops[i];
+  switch (op.kind) {
+    case OpKind::Conv2d: return std::make_unique<CudaConv>(op, ctx_);
+    case OpKind::ConvReluPool: return std::make_unique<CudaConvReluPool>(op, ctx_);
+    case OpKind::BatchNorm2d: return std::make_unique<CudaBatchNorm>(op, ctx_, stats);
+    case OpKind::ReLU: return std::make_unique<CudaRelu>(op, ctx_);
+    case OpKind::Add: return std::make_unique<CudaAdd>(op, ctx_);
+    case OpKind::AvgPool2d: return std::make_unique<CudaAvgPool>(op, ctx_);
+    case OpKind::GlobalAvgPool: return std::make_unique<CudaGlobalAvgPool>(op, ctx_);
+    case OpKind::Flatten: return std::make_unique<CudaFlatten>(op, ctx_);
+    case OpKind::Linear: return std::make_unique<CudaLinear>(op, ctx_);
+  }
+  DDP_FAIL("no GPU kernel for ", to_string(op.kind));
+}
+
+std::unique_ptr<Array> CudaDevice::alloc(size_t n) { return std::make_unique<CudaArray>(ctx_, n); }
+
+void CudaDevice::fill(float* p, size_t n, float value) {
+  if (n == 0) return;
+  if (value == 0.0f) {
+    DDP_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), ctx_.compute()));
+    return;
+  }
+  fill_kernel<<<cuda_grid(int64_t(n)), kCudaThreads, 0, ctx_.compute()>>>(int64_t(n), value, p);
+  DDP_CUDA_CHECK_LAUNCH(fill_kernel);
+}
+
+void CudaDevice::add(float* dst, const float* src, size_t n) {
+  if (n == 0) return;
+  add_kernel<<<cuda_grid(int64_t(n)), kCudaThreads, 0, ctx_.compute()>>>(int64_t(n), dst, src);
+  DDP_CUDA_CHECK_LAUNCH(add_kernel);
+}
+
+void CudaDevice::scale(float* p, size_t n, float s) {
+  if (n == 0) return;
+  scale_kernel<<<cuda_grid(int64_t(n)), kCudaThreads, 0, ctx_.compute()>>>(int64_t(n), s, p);
+  DDP_CUDA_CHECK_LAUNCH(scale_kernel);
+}
+
+void CudaDevice::round(float* dst, const float* src, size_t n, Precision prec) {
+  round_cuda(dst, src, int64_t(n), prec, ctx_.compute());
+}
+
+void CudaDevice::to_host(float* host, const float* dev, size_t n) {
+  if (n == 0) return;
+  DDP_CUDA_CHECK(cudaMemcpyAsync(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost, ctx_.compute()));
+  ctx_.sync();
+}
+
+void CudaDevice::from_host(float* dev, const float* host, size_t n) {
+  if (n == 0) return;
+  DDP_CUDA_CHECK(cudaMemcpyAsync(dev, host, n * sizeof(float), cudaMemcpyHostToDevice, ctx_.compute()));
+  ctx_.sync();  // the caller may reuse host at once
+}
+
+void CudaDevice::sync() { ctx_.sync(); }
 
 std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx) { return std::make_unique<CudaDevice>(ctx); }
 

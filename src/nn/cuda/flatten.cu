@@ -1,7 +1,7 @@
 // Flatten on the GPU: NCHW is already flat per sample, so both directions are
 // device-to-device copies on the compute stream (a separate output buffer,
 // because the model gives every op one).
-#include "kernels.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK
 
 namespace ddp::nn {

@@ -32,7 +32,7 @@
 // hardware's own round-to-nearest-even.
 #include <vector>
 
-#include "kernels.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/nn/precision.hpp"          // to_half_bits, half_bits_to_float, round_to
 #include "ddp/runtime/block_sum.cuh"     // block_sum: a channel's gradient, in a fixed order
 #include "ddp/runtime/cuda_check.hpp"    // DDP_CUDA_CHECK, DDP_CUDA_CHECK_LAUNCH

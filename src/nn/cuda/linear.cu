@@ -4,7 +4,7 @@
 // operands with fp32 results (Note [half kernels], nn/cuda/half.cu).
 #include <cuda_runtime_api.h>  // cudaMemsetAsync
 
-#include "kernels.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/core/error.hpp"          // DDP_CHECK, DDP_FAIL
 #include "ddp/nn/kernel_math.hpp"      // linear_*_gemm, linear_bias_at, linear_bias_grad_at
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUBLAS_CHECK, DDP_CUDA_CHECK, DDP_CUDA_CHECK_LAUNCH

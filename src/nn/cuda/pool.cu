@@ -2,7 +2,7 @@
 // floor on odd sizes (the kernels shared with ConvReluPool) and global.
 // One thread per output element forward and per input element backward, so
 // every element is written exactly once and nothing needs atomics.
-#include "kernels.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/nn/kernel_math.hpp"      // avgpool2_*_at, global_avgpool_*_at
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK_LAUNCH
 

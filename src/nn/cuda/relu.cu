@@ -1,6 +1,6 @@
 // ReLU on the GPU: element-wise kernels over kernel_math.hpp's relu_at and
 // relu_grad_at.
-#include "kernels.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/nn/kernel_math.hpp"      // relu_at, relu_grad_at
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK_LAUNCH
 

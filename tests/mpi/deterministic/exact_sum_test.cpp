@@ -9,6 +9,7 @@
 #include "ddp/comm/communicator.hpp"
 #include "ddp/core/rng.hpp"
 #include "ddp/deterministic/exact_sum.hpp"
+#include "../../unit/deterministic/add_shard.hpp"
 #include "../test_world.hpp"
 
 namespace ddp {
@@ -52,10 +53,10 @@ TEST(ExactSum, EveryRankGetsTheSameBitsAsOneRankSummingEveryShard) {
     ExactGradientSum::Result r, r1;
     do {
       mine.begin_step();
-      for (int s = first; s < first + per; ++s) mine.add(shard_grads(step, s, n).data());
+      for (int s = first; s < first + per; ++s) test::add_shard(mine, numels, shard_grads(step, s, n).data());
       r = mine.finish(*comm, got.data());
       alone.begin_step();
-      for (int s = 0; s < k; ++s) alone.add(shard_grads(step, s, n).data());
+      for (int s = 0; s < k; ++s) test::add_shard(alone, numels, shard_grads(step, s, n).data());
       r1 = alone.finish(*self, want.data());
       ASSERT_EQ(r, r1);
       redos += r == ExactGradientSum::Result::Redo;
@@ -95,11 +96,12 @@ TEST(ExactSum, ShardSumsAreAddedInGlobalShardOrderAtAnyWorldSize) {
 
 TEST(ExactSum, ANonFiniteGradientOnOneRankIsSeenByAll) {
   auto comm = comm::make_mpi_communicator(test_world());
-  HostExactGradientSum sum({64}, comm->size());
+  const std::vector<size_t> numels = {64};
+  HostExactGradientSum sum(numels, comm->size());
   std::vector<float> g(64, 0.25f), out(64, 0);
   if (comm->rank() == comm->size() - 1) g[5] = std::numeric_limits<float>::quiet_NaN();
   sum.begin_step();
-  sum.add(g.data());
+  test::add_shard(sum, numels, g.data());
   EXPECT_EQ(sum.finish(*comm, out.data()), ExactGradientSum::Result::NonFinite);
   EXPECT_TRUE(std::isnan(out[0]));
 }

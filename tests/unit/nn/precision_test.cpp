@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu_model.hpp"
+#include "model_util.hpp"  // small_net, normal_values
 #include "ddp/core/rng.hpp"
 #include "ddp/nn/graph.hpp"
 #include "ddp/nn/model.hpp"
@@ -20,22 +21,12 @@ namespace {
 
 using test::CpuModel;
 using test::run_cpu_kernel;
+using test::small_net;
+
+// n values from N(0, scale^2) (stream `stream`).
+std::vector<float> random(size_t n, uint64_t stream, double scale = 1.0) { return test::normal_values(n, stream, scale); }
 
 constexpr int kBatch = 4, kClasses = 10;
-
-Graph small_net() {
-  GraphBuilder b("small", {2, 5, 5}, /*pytorch_init=*/true);
-  // The pool divides by 25: a rounding skipped before it would show.
-  const int c = b.relu("relu", b.conv("conv", b.input(), 3, 3, 1, 1));
-  return b.finish(b.linear("fc", b.flatten("flat", b.global_avg_pool("gap", c)), kClasses));
-}
-
-std::vector<float> random(size_t n, uint64_t stream, double scale = 1.0) {
-  Rng rng(17, stream);
-  std::vector<float> v(n);
-  for (float& x : v) x = float(scale * rng.normal());
-  return v;
-}
 
 std::vector<float> rounded(Precision p, std::vector<float> v) {
   for (float& x : v) x = round_to(p, x);
@@ -121,51 +112,6 @@ TEST(MixedPrecision, Fp16OverflowsWhereFp32AndBf16DoNot) {
     m->zero_grads();
     m->backward(d.data(), kBatch);
     EXPECT_EQ(all_finite(m->grads(), g.num_params), p != Precision::F16) << to_string(p);
-  }
-}
-
-// Note [lanes]: in micro-shards each shard's gradients are rounded on its
-// lane; the same bits at one lane and at three, and the logits those of the
-// whole batch (every rounding is per element).
-TEST(MixedPrecision, MicroShardsOnLanesRoundTheirOwnGradients) {
-  struct Collect final : ShardGradients {
-    explicit Collect(const Graph& graph) : g(graph) {}
-    const Graph& g;
-    std::mutex mu;
-    std::vector<std::vector<float>> got;  // every shard's gradients of every op
-    void take(int, const float* grad, size_t first, size_t count) override {
-      size_t n = 0;
-      for (size_t k = first; k < first + count; ++k) n += g.params[k].numel;
-      std::lock_guard<std::mutex> lock(mu);
-      got.emplace_back(grad, grad + n);
-    }
-    void taken(size_t, size_t) override {}
-  };
-  const Graph g = small_net();
-  const int batch = 8, shard = 2;
-  const std::vector<float> x = random(size_t(batch) * 50, 4), d = random(size_t(batch) * kClasses, 5, 0.1);
-  CpuModel whole(g, 3);
-  whole->set_precision(Precision::BF16);
-  const float* lw = whole->forward(x.data(), batch);
-  const std::vector<float> whole_logits(lw, lw + batch * kClasses);
-  std::vector<std::vector<float>> by_lanes[2];
-  for (int t = 0; t < 2; ++t) {
-    CpuModel m(g, 3, t == 0 ? 1 : 3);
-    m->set_precision(Precision::BF16);
-    const float* l = m->forward(x.data(), batch, Mode::Train, shard);
-    EXPECT_EQ(std::vector<float>(l, l + batch * kClasses), whole_logits);
-    Collect c(g);
-    m->zero_grads();
-    m->backward_shards(d.data(), batch, c);
-    std::sort(c.got.begin(), c.got.end());
-    by_lanes[t] = c.got;
-  }
-  ASSERT_EQ(by_lanes[0].size(), size_t(2 * batch / shard));  // two ops with parameters, four shards each
-  EXPECT_EQ(by_lanes[0], by_lanes[1]);
-  // Each shard's gradients are on bf16's grid, and not all zero.
-  for (const auto& v : by_lanes[0]) {
-    EXPECT_TRUE(std::any_of(v.begin(), v.end(), [](float f) { return f != 0.0f; }));
-    for (float f : v) ASSERT_EQ(f, round_to(Precision::BF16, f));
   }
 }
 

@@ -8,11 +8,30 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "ddp/nn/device.hpp"
 #include "ddp/runtime/cuda_context.hpp"  // cuda::Context
 
 namespace ddp::nn {
+
+class CudaDevice : public Device {
+ public:
+  explicit CudaDevice(cuda::Context& ctx) : ctx_(ctx) {}
+  std::string name() const override;
+  std::unique_ptr<Kernel> kernel(const Graph& g, size_t i, StatsReducer* stats) override;
+  std::unique_ptr<Array> alloc(size_t n) override;
+  void fill(float* p, size_t n, float value) override;
+  void add(float* dst, const float* src, size_t n) override;
+  void scale(float* p, size_t n, float s) override;
+  void round(float* dst, const float* src, size_t n, Precision prec) override;
+  void to_host(float* host, const float* dev, size_t n) override;
+  void from_host(float* dev, const float* host, size_t n) override;
+  void sync() override;
+
+ protected:
+  cuda::Context& ctx_;
+};
 
 std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx);
 

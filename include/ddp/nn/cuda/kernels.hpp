@@ -1,6 +1,8 @@
-// The GPU kernels of the op kinds (nn/device.hpp), internal to src/nn: one
-// *_cuda.cu beside each *_cpu.cpp, made by the CUDA device (nn/cuda/device.cu)
+// The GPU kernels of the op kinds (nn/device.hpp): one src/nn/cuda/*.cu
+// beside each src/nn/cpu/*.cpp, made by the CUDA device (nn/cuda/device.hpp)
 // and run on device pointers, every launch on the Context's compute stream.
+// For .cu files only (cuDNN's headers); the deterministic mode's kernels
+// (deterministic/) build on some of them.
 // Their own arithmetic comes from kernel_math.hpp, which the host tests
 // check against the CPU kernels.
 #pragma once
@@ -10,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -130,61 +133,66 @@ class CudaConv final : public Kernel {
 };
 
 // conv -> relu -> 2x2 average pooling, as ConvReluPool on the CPU.
-class CudaConvReluPool final : public Kernel {
+class CudaConvReluPool : public Kernel {
  public:
   CudaConvReluPool(const Op& op, cuda::Context& ctx);
   void forward(const OpArgs& a) override;
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
-  void begin_lanes(int batch) override;
   bool set_precision(Precision p) override;
 
- private:
-  float* pre(const OpArgs& a);  // a's images' conv outputs in pre_
+ protected:
+  // The conv outputs kept for a batch of `batch` images (from the next
+  // forward on).
+  void reserve(int batch);
+  // a's images as images first .. first + a.batch of the batch reserved for.
+  void forward_at(const OpArgs& a, int64_t first);
+  void backward_at(const OpArgs& a, int64_t first, const float* dy, const std::vector<float*>& dx);
   const Op& op_;
   cuda::Context& ctx_;
+
+ private:
+  float* pre(int64_t first);  // the conv outputs of image `first` on, in pre_
   Shape conv_;  // per-sample conv output, before pooling
   CudnnConv conv_op_;
   // conv + bias of the last forward (the relu mask backward needs: > 0;
-  // micro-shards each at their first image's place), and d(conv output) in
-  // backward; sized for the largest batch seen. In 16 bits (Note [half
+  // each image at its place in the batch reserved for), and d(conv output)
+  // in backward; sized for the largest batch seen. In 16 bits (Note [half
   // kernels]) also d(output) rounded.
   cuda::DeviceBuffer pre_, dpre_, dy_rounded_;
   int fwd_batch_ = -1;  // batch of the last forward
 };
 
-// torch.nn.BatchNorm2d with kernels of our own (nn/cuda/batch_norm.cu); with a
+// torch.nn.BatchNorm2d with kernels of our own (batch_norm.cu); with a
 // StatsReducer, SyncBatchNorm (the per-channel sums go through the host).
-class CudaBatchNorm final : public Kernel {
+class CudaBatchNorm : public Kernel {
  public:
   CudaBatchNorm(const Op& op, cuda::Context& ctx, StatsReducer* stats);
   ~CudaBatchNorm() override;
   void forward(const OpArgs& a) override;
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
 
- private:
-  // The per-channel sums in sums_ (device), summed over ranks when
-  // synchronised: a host round trip.
+ protected:
+  // sum(first, images, out): launches the `width` per-channel sums of images
+  // first .. first + images of the call's batch into out (device memory;
+  // backward's also add their part of the weight and bias gradients).
+  using RunSum = std::function<void(int64_t first, int images, double* out)>;
+  // A call's per-channel sums, into sums_: here sum over the whole batch,
+  // then over the ranks with a StatsReducer (reduce). backward: the sums
+  // are backward's.
+  virtual void channel_sums(const OpArgs& a, size_t width, const RunSum& sum, const std::string& what,
+                            bool backward);
+  // sums_'s first n values summed over ranks when synchronised: a host
+  // round trip.
   void reduce(size_t n, const std::string& what);
-  // Note [micro-shards] (device.hpp): where shard k of `shards` puts its
-  // `width` sums (per_shard_, grown to fit), and those shards' sums into
-  // sums_ in global shard order (over every rank when synchronised).
-  double* shard_sums(int shards, size_t width);
-  void reduce_shards(int shards, size_t width, const std::string& what);
-  // A call's runs (Note [micro-shards]), their sums in per_shard_ (sums_ for
-  // the whole batch); then those sums into sums_ (combine).
-  ShardRuns runs(const OpArgs& a, size_t width);
-  void combine(const OpArgs& a, const ShardRuns& r, const std::string& what);
   const Op& op_;
   cuda::Context& ctx_;
   StatsReducer* stats_;
   int c_, hw_;
-  // Device, per channel: mean, invstd, scale, shift (floats); the sums
-  // (two doubles per channel).
-  float* chan_ = nullptr;
-  double* sums_ = nullptr;
-  double* per_shard_ = nullptr;  // device: each micro-shard's sums
-  size_t per_shard_size_ = 0;
-  std::vector<double> host_, host_out_;  // the sums on their way through the host
+  double* sums_ = nullptr;  // device: the sums (two doubles per channel)
+
+ private:
+  float* chan_ = nullptr;   // device, per channel: mean, invstd, scale, shift, ...
+  std::vector<double> host_;  // the sums on their way through the host
 };
 
 class CudaRelu final : public Kernel {

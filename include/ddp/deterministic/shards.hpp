@@ -1,0 +1,150 @@
+// What --deterministic asks of a device beyond the plain Kernel: running a
+// batch's micro-shards on lanes, and BatchNorm's sums micro-shard by
+// micro-shard. The executor that uses it is ShardedModel
+// (deterministic/sharded_model.hpp); each device's kernels for it are
+// deterministic/cpu_kernels.cpp and cuda_kernels.cu, built on nn/cpu's and
+// nn/cuda's.
+//
+// Note [micro-shards]: under --deterministic a rank's batch is a run of
+// micro-shards of a fixed size, the same at every world size
+// (deterministic/exact_sum.hpp). A model runs its whole batch op by op
+// (ShardedModel::forward_shards): every op but BatchNorm is called once per
+// micro-shard, so its kernels see the batch they would see at any world
+// size, and BatchNorm takes the whole batch (ShardedBatchKernel). Its
+// statistics are then summed shard by shard, and the shards' sums added in
+// global shard order over every rank (ShardStats::sum_shards): the same
+// doubles, added in the same order, at any world size. Its weight and bias
+// gradients are handed over one shard at a time, as every other op's are.
+//
+// Note [lanes]: a device runs micro-shards on lanes (Lanes, the CPU's
+// threads): every op but BatchNorm hands its micro-shards to whichever lane
+// is free, and on a lane a kernel runs single-threaded with that lane's
+// scratch (LaneKernel). A shard's arithmetic is then that of one thread
+// alone, whichever lane takes it and however many lanes there are: the same
+// bits at one rank of many threads as at many ranks of one. Each lane's
+// parameter gradients go to a buffer of its own
+// (ShardedModel::backward_shards).
+//
+// Note [shard runs]: a kernel whose samples do not depend on the rest of
+// their call's batch may take a lane's micro-shards in one call
+// (LaneKernel::shards_in_one_call): a CPU convolution on the packed GEMM,
+// whose every output element is the same float whatever columns sit beside
+// it (Note [packed weights] in nn/cpu/packed_gemm.hpp), on the path and tile
+// size its micro-shard's size chose. Its weights are then read once a run
+// rather than once a micro-shard: ResNet-18's 512-channel layers stream 17 MB
+// of them a call. Only the weight and bias gradients, summed per
+// micro-shard, still take a call each, but where the kernel converts them
+// into the fixed-point sums itself (Note [fixed-point epilogue] in
+// nn/cpu/packed_gemm.hpp). Evaluation's last, smaller micro-shard is a call
+// alone.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ddp/core/fixed_point.hpp"  // Sink
+#include "ddp/nn/device.hpp"         // Kernel, OpArgs
+
+namespace ddp::deterministic {
+
+// Where a call runs (Note [lanes]): its lane, and the index in the whole
+// batch of its first sample (for what a kernel keeps per sample between
+// forward and backward).
+struct Lane {
+  int index = 0;
+  int64_t first = 0;
+};
+
+// A device's lanes (the CPU's: its threads). A device that has none runs
+// micro-shards one after another (a GPU: on its compute stream).
+class Lanes {
+ public:
+  virtual ~Lanes() = default;
+  virtual int lanes() const = 0;
+  // body(i, lane) for every i in [0, n), each on some lane (no two at once on one).
+  virtual void for_lanes(int64_t n, const std::function<void(int64_t, int)>& body) = 0;
+};
+
+// A kernel that runs micro-shards on lanes. A kernel that is not one is
+// called as a plain Kernel on each micro-shard (one that uses no threads or
+// scratch of its own, or a GPU's, whose micro-shards follow one another).
+class LaneKernel {
+ public:
+  virtual ~LaneKernel() = default;
+  // Before lanes run a training forward's micro-shards of a batch of
+  // `batch` samples (so that what the kernel keeps per sample is sized
+  // before they run at once).
+  virtual void begin_lanes(int batch) { (void)batch; }
+  // Before lanes run the micro-shards (of `shard` samples) of a training
+  // batch, forward or backward, with the whole batch's arguments, so that
+  // what every micro-shard shares (a CPU convolution's transformed kernels)
+  // is made once, not once per micro-shard.
+  virtual void begin_shards(const nn::OpArgs& whole, int shard, bool backward) {
+    (void)whole, (void)shard, (void)backward;
+  }
+  // Note [shard runs]: true when, after begin_shards, one call on a lane
+  // with a run of whole micro-shards computes every sample's output (and
+  // backward's input gradient) bit for bit as calls of one micro-shard each
+  // would. The executor then gives each lane one run, and asks for the
+  // parameter gradients, which are summed per micro-shard, in calls of one
+  // micro-shard with no input gradient; the runs' backward calls get nullptr
+  // in every a.dp, for no parameter gradient.
+  virtual bool shards_in_one_call() const { return false; }
+  // Note [fixed-point epilogue] (nn/cpu/packed_gemm.hpp): true when, after
+  // begin_shards for backward, backward_to_sinks adds each micro-shard's
+  // parameter gradients, converted on their own, into the sinks, as calls
+  // of one micro-shard each and quantize_add would. The executor then asks
+  // for no per-micro-shard calls.
+  virtual bool grads_to_sinks() const { return false; }
+  // forward and backward of a's samples on `lane`, single-threaded.
+  virtual void forward(const nn::OpArgs& a, const Lane& lane) = 0;
+  virtual void backward(const nn::OpArgs& a, const float* dy, const std::vector<float*>& dx, const Lane& lane) = 0;
+  // Where grads_to_sinks: backward of a run of whole micro-shards of `shard`
+  // samples whose parameter gradients go into sinks (one a parameter).
+  virtual void backward_to_sinks(const nn::OpArgs& a, const float* dy, const std::vector<float*>& dx,
+                                 const Lane& lane, int shard, const std::vector<fixed_point::Sink>& sinks);
+};
+
+// Note [micro-shards]: what BatchNorm adds its micro-shards' sums over ranks
+// with. per_shard holds this rank's `shards` runs of n values (shard-major);
+// out[i] is value i summed over every rank's shards in global shard order
+// (rank 0's first), in double: the same bits at any world size. Collective.
+class ShardStats {
+ public:
+  virtual ~ShardStats() = default;
+  virtual void sum_shards(const double* per_shard, int shards, size_t n, double* out, const std::string& what) = 0;
+};
+
+// Note [micro-shards]: BatchNorm on the whole batch, its sums taken
+// micro-shard by micro-shard (of `shard` samples) and added in shard order:
+// over every rank through the ShardStats its device was given, else this
+// rank's alone. backward_shards calls take() once each micro-shard's weight
+// and bias gradients alone are in a.dp (take takes them and zeroes a.dp).
+class ShardedBatchKernel {
+ public:
+  virtual ~ShardedBatchKernel() = default;
+  virtual void forward_shards(const nn::OpArgs& a, int shard) = 0;
+  virtual void backward_shards(const nn::OpArgs& a, const float* dy, const std::vector<float*>& dx, int shard,
+                               const std::function<void()>& take) = 0;
+};
+
+// The micro-shards of `shard` samples a BatchNorm call's batch of `batch`
+// splits into; throws naming op where shard does not divide it.
+int shards_of(int batch, int shard, const std::string& op);
+
+// out[i] = the sum of per_shard[k * n + i] over k = 0 .. shards - 1, in that
+// order, in double (Note [micro-shards]).
+void sum_in_shard_order(const double* per_shard, size_t shards, size_t n, double* out);
+
+// Note [shard runs]: the calls that cover a batch of micro-shards of `shard`
+// samples on `lanes` lanes: the whole micro-shards in one contiguous run a
+// lane, as even as they split, then evaluation's last, smaller one alone.
+struct ShardRun {
+  int64_t first = 0, count = 0;  // in micro-shards
+};
+std::vector<ShardRun> shard_runs_on_lanes(int batch, int shard, int lanes);
+
+}  // namespace ddp::deterministic

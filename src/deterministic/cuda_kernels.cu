@@ -1,0 +1,154 @@
+// The GPU's kernels for --deterministic (deterministic/devices.hpp): one
+// lane, so only the kernels that keep something per sample between forward
+// and backward (the fused LeNet layer) or take sums over the batch
+// (BatchNorm) differ from nn/cuda's; every other op is called micro-shard by
+// micro-shard as it is.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/core/error.hpp"            // DDP_CHECK
+#include "ddp/deterministic/devices.hpp"
+#include "ddp/deterministic/shards.hpp"
+#include "ddp/nn/cuda/device.hpp"        // CudaDevice
+#include "ddp/nn/cuda/kernels.hpp"       // CudaBatchNorm, CudaConvReluPool
+#include "ddp/runtime/cuda_check.hpp"    // DDP_CUDA_CHECK, DDP_CUDA_CHECK_LAUNCH
+
+namespace ddp::deterministic {
+
+using nn::Op;
+using nn::OpArgs;
+
+namespace {
+
+// out[i] = the sum of per_shard[k * width + i] over k in shard order, from
+// 0.0: sum_in_shard_order's order.
+__global__ void bn_sum_shards_kernel(int shards, int width, const double* __restrict__ per_shard,
+                                     double* __restrict__ out) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x) {
+    double s = 0.0;
+    for (int k = 0; k < shards; ++k) s += per_shard[int64_t(k) * width + i];
+    out[i] = s;
+  }
+}
+
+// Sets a member for the length of a call, whatever way it leaves.
+template <typename T>
+class Scoped {
+ public:
+  Scoped(T& member, T value) : member_(member), saved_(member) { member_ = value; }
+  ~Scoped() { member_ = saved_; }
+  Scoped(const Scoped&) = delete;
+  Scoped& operator=(const Scoped&) = delete;
+
+ private:
+  T& member_;
+  T saved_;
+};
+
+// The whole batch's conv outputs are sized before its micro-shards run,
+// each at its first image's place.
+class LaneConvReluPoolCuda final : public nn::CudaConvReluPool, public LaneKernel {
+ public:
+  using CudaConvReluPool::CudaConvReluPool;
+  using CudaConvReluPool::backward;
+  using CudaConvReluPool::forward;
+  void begin_lanes(int batch) override { reserve(batch); }
+  void forward(const OpArgs& a, const Lane& lane) override { forward_at(a, lane.first); }
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx, const Lane& lane) override {
+    backward_at(a, lane.first, dy, dx);
+  }
+};
+
+// Every sum taken micro-shard by micro-shard into a buffer of its own, and
+// the shards' sums added in shard order: on the device, or over every rank
+// through the host (ShardStats).
+class ShardBatchNormCuda final : public nn::CudaBatchNorm, public ShardedBatchKernel {
+ public:
+  ShardBatchNormCuda(const Op& op, cuda::Context& ctx, nn::StatsReducer* stats)
+      : CudaBatchNorm(op, ctx, stats), shard_stats_(shard_stats(stats, op.name)) {}
+  ~ShardBatchNormCuda() override {
+    if (per_shard_) cudaFreeAsync(per_shard_, ctx_.compute());
+  }
+  void forward_shards(const OpArgs& a, int shard) override {
+    Scoped<int> in(shard_, shard);
+    forward(a);
+  }
+  void backward_shards(const OpArgs& a, const float* dy, const std::vector<float*>& dx, int shard,
+                       const std::function<void()>& take) override {
+    Scoped<int> in(shard_, shard);
+    Scoped<const std::function<void()>*> taking(take_, &take);
+    backward(a, dy, dx);
+  }
+
+ private:
+  void channel_sums(const OpArgs& a, size_t width, const RunSum& sum, const std::string& what,
+                    bool backward) override {
+    if (shard_ == 0) return CudaBatchNorm::channel_sums(a, width, sum, what, backward);
+    const int n = shards_of(a.batch, shard_, op_.name);
+    double* per = shard_sums(n, width);
+    for (int k = 0; k < n; ++k) {
+      sum(int64_t(k) * shard_, shard_, per + size_t(k) * width);
+      if (backward) (*take_)();
+    }
+    reduce_shards(n, width, what);
+  }
+  // Where shard k of `shards` puts its `width` sums (per_shard_, grown to fit).
+  double* shard_sums(int shards, size_t width) {
+    const size_t n = size_t(shards) * width;
+    if (per_shard_size_ < n) {
+      if (per_shard_) ctx_.free(per_shard_);  // stream-ordered: after what read it
+      per_shard_ = static_cast<double*>(ctx_.alloc(sizeof(double) * n));
+      per_shard_size_ = n;
+    }
+    return per_shard_;
+  }
+  // The shards' sums into sums_ in global shard order (over every rank when
+  // synchronised).
+  void reduce_shards(int shards, size_t width, const std::string& what) {
+    if (!shard_stats_) {
+      bn_sum_shards_kernel<<<nn::cuda_grid(int64_t(width)), nn::kCudaThreads, 0, ctx_.compute()>>>(
+          shards, int(width), per_shard_, sums_);
+      DDP_CUDA_CHECK_LAUNCH(bn_sum_shards_kernel);
+      return;
+    }
+    const size_t n = size_t(shards) * width;
+    if (host_.size() < n) host_.resize(n);
+    host_out_.resize(width);
+    // Note [bounded copies to the host]: the bounded wait first; the copy into
+    // pageable memory then returns done.
+    stats_->sync_device(op_.name + ": " + what);
+    DDP_CUDA_CHECK(
+        cudaMemcpyAsync(host_.data(), per_shard_, sizeof(double) * n, cudaMemcpyDeviceToHost, ctx_.compute()));
+    shard_stats_->sum_shards(host_.data(), shards, width, host_out_.data(), op_.name + ": " + what);
+    DDP_CUDA_CHECK(
+        cudaMemcpyAsync(sums_, host_out_.data(), sizeof(double) * width, cudaMemcpyHostToDevice, ctx_.compute()));
+  }
+  ShardStats* shard_stats_;
+  int shard_ = 0;
+  const std::function<void()>* take_ = nullptr;
+  double* per_shard_ = nullptr;  // device: each micro-shard's sums
+  size_t per_shard_size_ = 0;
+  std::vector<double> host_, host_out_;  // the sums on their way through the host
+};
+
+class CudaShardDevice final : public nn::CudaDevice {
+ public:
+  using CudaDevice::CudaDevice;
+  std::unique_ptr<nn::Kernel> kernel(const nn::Graph& g, size_t i, nn::StatsReducer* stats) override {
+    const Op& op = g.ops[i];
+    if (op.kind == nn::OpKind::ConvReluPool) return std::make_unique<LaneConvReluPoolCuda>(op, ctx_);
+    if (op.kind == nn::OpKind::BatchNorm2d) return std::make_unique<ShardBatchNormCuda>(op, ctx_, stats);
+    return CudaDevice::kernel(g, i, stats);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<nn::Device> make_cuda_device(cuda::Context& ctx) { return std::make_unique<CudaShardDevice>(ctx); }
+
+}  // namespace ddp::deterministic
