@@ -128,8 +128,8 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
   StepHealth health;
   if (exact_) {
     exact_passes(x, y, b.size, health, lap);
-    allreduces_ += 2;
-    allreduce_bytes_ += double(exact_->bytes_per_step());
+    sums_.allreduces += 2;
+    sums_.allreduce_bytes += double(exact_->bytes_per_step());
   } else {
     reduced_passes(x, y, b.size, sample, health, lap);
   }
@@ -148,6 +148,7 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
     backend_->batch_done();
   }
   lap(times_.optimizer);
+  sums_.samples += b.size;
   return health;
 }
 
@@ -187,13 +188,13 @@ void Replica::reduced_passes(const float* x, const int32_t* y, int batch, size_t
   {
     TraceScope span(trace_, Trace::kStep, "comm", "wait for all-reduces");
     const ReducerStats r = reducer_->finish();
-    comm_wait_ += r.wait_sec;
+    sums_.comm_wait += r.wait_sec;
     times_.comm_busy = r.comm_sec;
     times_.hidden = r.hidden_sec;
   }
   lap(times_.comm);
-  allreduces_ += double(reducer_->launches() - launched);
-  allreduce_bytes_ += double(reducer_->launched_bytes() - bytes);
+  sums_.allreduces += double(reducer_->launches() - launched);
+  sums_.allreduce_bytes += double(reducer_->launched_bytes() - bytes);
 }
 
 // Note [lanes] (nn/device.hpp): the model's micro-shards' gradients into the
@@ -223,10 +224,7 @@ void Replica::exact_passes(const float* x, const int32_t* y, int batch, StepHeal
   const int shards = batch / shard_;
   // What earlier steps left in the backend's sums is set aside, so that a
   // redone step counts its loss once.
-  const std::vector<double> earlier = backend_->take_sums();
-  loss_ += earlier[0];
-  correct_ += earlier[1];
-  eval_correct_ += earlier[2];
+  sums_ += backend_->take_sums();
   // Nor may a redone step move BatchNorm's running statistics twice.
   nn::ModelState before;
   model_->get_buffers(before);
@@ -276,19 +274,6 @@ void Replica::scale_dlogits(int batch) {
   if (scaler_) backend_->device().scale(dlogits_->data(), size_t(batch) * size_t(classes_), scaler_->scale());
 }
 
-StepSums Replica::take_sums() {
-  const std::vector<double> h = backend_->take_sums();
-  StepSums out;
-  out.loss = std::exchange(loss_, 0.0) + h[0];
-  out.correct = std::exchange(correct_, 0.0) + h[1];
-  eval_correct_ += h[2];
-  out.comm_wait = std::exchange(comm_wait_, 0.0);
-  out.grad_norm = optimizer_->take_norm_sum();  // after the backend's wait above
-  out.allreduces = std::exchange(allreduces_, 0.0);
-  out.allreduce_bytes = std::exchange(allreduce_bytes_, 0.0);
-  return out;
-}
-
 void Replica::eval_batch(const data::Batch& b) {
   const auto [x, y] = backend_->stage(b);
   // Under --deterministic in micro-shards on the lanes, as training's: each
@@ -296,13 +281,13 @@ void Replica::eval_batch(const data::Batch& b) {
   const float* logits = model_->forward(x, b.size, nn::Mode::Eval, exact_ ? shard_ : 0);
   backend_->count_correct(logits, y, b.size, classes_);
   backend_->batch_done();
+  sums_.eval_samples += b.size;
 }
 
-double Replica::take_correct() {
-  const std::vector<double> h = backend_->take_sums();
-  loss_ += h[0];
-  correct_ += h[1];
-  return std::exchange(eval_correct_, 0.0) + h[2];
+Sums Replica::take_sums() {
+  sums_ += backend_->take_sums();
+  sums_.grad_norm += optimizer_->take_norm_sum();  // after the backend's wait above
+  return std::exchange(sums_, Sums{});
 }
 
 }  // namespace ddp::train

@@ -32,14 +32,14 @@ class CpuBackend final : public Backend {
                              float* dlogits, int grad_batch) override {
     const float loss = nn::softmax_cross_entropy(logits, labels, batch, classes, dlogits, grad_batch);
     const double sum = double(loss) * batch;
-    sums_[0] += exact_loss_ ? fixed_point::round_loss_sum(sum) : sum;
-    sums_[1] += double(nn::count_correct(logits, labels, batch, classes));
+    sums_.loss += exact_loss_ ? fixed_point::round_loss_sum(sum) : sum;
+    sums_.correct += double(nn::count_correct(logits, labels, batch, classes));
     return loss;
   }
   void count_correct(const float* logits, const int32_t* labels, int batch, int classes) override {
-    sums_[2] += double(nn::count_correct(logits, labels, batch, classes));
+    sums_.eval_correct += double(nn::count_correct(logits, labels, batch, classes));
   }
-  std::vector<double> take_sums() override { return std::exchange(sums_, std::vector<double>(3, 0.0)); }
+  Sums take_sums() override { return std::exchange(sums_, Sums{}); }
   void set_exact_loss() override { exact_loss_ = true; }
   std::unique_ptr<ExactGradientSum> make_exact_sum(std::vector<size_t> param_numels, int shards) override {
     return std::make_unique<HostExactGradientSum>(std::move(param_numels), shards);
@@ -54,7 +54,7 @@ class CpuBackend final : public Backend {
   int threads_;
   std::unique_ptr<nn::Device> device_;
   std::unique_ptr<optim::Kernels> kernels_ = optim::make_cpu_kernels();
-  std::vector<double> sums_ = std::vector<double>(3, 0.0);  // loss, correct, evaluation correct
+  Sums sums_;  // loss, correct, eval_correct
   bool exact_loss_ = false;
 };
 

@@ -101,8 +101,8 @@ class CudaBackend final : public Backend {
     device_ = nn::make_cuda_device(*ctx_);
     monitor_ = std::make_unique<cuda::GpuMonitor>(info_);
     kernels_ = optim::make_cuda_kernels(ctx_->compute());
-    sums_ = static_cast<double*>(ctx_->alloc(3 * sizeof(double)));
-    DDP_CUDA_CHECK(cudaMemsetAsync(sums_, 0, 3 * sizeof(double), ctx_->compute()));
+    sums_ = static_cast<double*>(ctx_->alloc(kDeviceSums * sizeof(double)));
+    DDP_CUDA_CHECK(cudaMemsetAsync(sums_, 0, kDeviceSums * sizeof(double), ctx_->compute()));
     for (PinnedSlot& s : slots_) {
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&s.free, cudaEventDisableTiming));
@@ -201,21 +201,25 @@ class CudaBackend final : public Backend {
 
   std::optional<double> loss(const float* logits, const int32_t* labels, int batch, int classes,
                              float* dlogits, int grad_batch) override {
-    nn::softmax_cross_entropy_cuda(logits, labels, batch, classes, dlogits, sums_, ctx_->compute(), grad_batch,
-                                   exact_loss_);
+    nn::softmax_cross_entropy_cuda(logits, labels, batch, classes, dlogits, sums_ + kLoss, ctx_->compute(),
+                                   grad_batch, exact_loss_);
     return std::nullopt;  // on the device until take_sums
   }
   void count_correct(const float* logits, const int32_t* labels, int batch, int classes) override {
-    nn::count_correct_cuda(logits, labels, batch, classes, sums_ + 2, ctx_->compute());
+    nn::count_correct_cuda(logits, labels, batch, classes, sums_ + kEvalCorrect, ctx_->compute());
   }
 
-  // The device sums (loss, correct, evaluation correct), then zeroed.
-  std::vector<double> take_sums() override {
-    std::vector<double> h(3, 0.0);
+  // The device's sums, then zeroed.
+  Sums take_sums() override {
+    double h[kDeviceSums];
     comm_->synchronize(ctx_->compute(), "reading the step metrics");
-    DDP_CUDA_CHECK(cudaMemcpy(h.data(), sums_, 3 * sizeof(double), cudaMemcpyDeviceToHost));
-    DDP_CUDA_CHECK(cudaMemsetAsync(sums_, 0, 3 * sizeof(double), ctx_->compute()));
-    return h;
+    DDP_CUDA_CHECK(cudaMemcpy(h, sums_, sizeof h, cudaMemcpyDeviceToHost));
+    DDP_CUDA_CHECK(cudaMemsetAsync(sums_, 0, sizeof h, ctx_->compute()));
+    Sums s;
+    s.loss = h[kLoss];
+    s.correct = h[kCorrect];
+    s.eval_correct = h[kEvalCorrect];
+    return s;
   }
 
   // Looking at the gradients would stop the host every step (replica.hpp).
@@ -251,7 +255,12 @@ class CudaBackend final : public Backend {
   std::unique_ptr<comm::DeviceCommunicator> comm_;
   std::unique_ptr<nn::Device> device_;
   std::unique_ptr<optim::Kernels> kernels_;
-  double* sums_ = nullptr;  // device: loss sum, correct (training), correct (evaluation)
+  // The device's sums, doubles at these indices: softmax_cross_entropy_cuda
+  // adds the loss at its sums[0] and the correct count at sums[1], so kLoss
+  // and kCorrect must follow one another.
+  enum DeviceSum { kLoss, kCorrect, kEvalCorrect, kDeviceSums };
+  static_assert(kCorrect == kLoss + 1, "the loss kernel's layout");
+  double* sums_ = nullptr;
   std::array<PinnedSlot, 2> slots_;
   size_t next_slot_ = 0, current_ = 0;
   bool exact_loss_ = false;  // --deterministic

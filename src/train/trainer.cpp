@@ -240,12 +240,9 @@ double evaluate(Replica& replica, const World& world, const data::Dataset& test,
   data::Loader loader(test, data::eval_shard(test.n, world.size, world.rank), batch,
                       /*drop_last=*/false);
   data::Batch b;
-  double counts[2] = {0, 0};
-  while (loader.next(b)) {
-    replica.eval_batch(b);
-    counts[1] += b.size;
-  }
-  counts[0] = replica.take_correct();
+  while (loader.next(b)) replica.eval_batch(b);
+  const Sums s = replica.take_sums();  // the training steps' were taken at the epoch's end
+  double counts[2] = {s.eval_correct, s.eval_samples};
   replica.comm().allreduce_doubles(counts, 2, /*max=*/false, "evaluation counts");
   return counts[1] > 0 ? counts[0] / counts[1] : 0.0;
 }
@@ -312,12 +309,6 @@ void broadcast_state(comm::Communicator& comm, nn::ModelState& s, bool params) {
   broadcast_from_rank0(comm, s.buffers.data(), s.buffers.size(), "buffers");
   if (!s.counters.empty()) comm.broadcast(s.counters.data(), s.counters.size() * sizeof(int64_t), 0, "counters");
 }
-
-// The epoch's running sums on this rank (reduced across ranks at the end).
-struct EpochSums {
-  double loss = 0, correct = 0, samples = 0, comm_wait = 0;
-  double grad_norm = 0, allreduces = 0, allreduce_bytes = 0;  // the same on every rank: not reduced
-};
 
 }  // namespace
 
@@ -486,7 +477,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     data::Loader loader(train, sampler.indices(), per_rank, /*drop_last=*/true, first_step);
     // Sums of the epoch so far: this rank's part of them. A resumed epoch
     // starts from the checkpoint's totals, counted once (by rank 0).
-    EpochSums sums;
+    Sums sums;
     double resumed_sec = 0;
     if (first_step > 0 && leader) {
       sums.loss = state.epoch_loss_sum;
@@ -497,16 +488,11 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     const auto t0 = Clock::now();
     int64_t step = first_step;
     if (progress) progress->start_epoch(epoch, first_step);
-    double run_loss = 0, run_samples = 0;  // this rank's, this run: the progress line's
-    auto add_steps = [&sums, &replica, &run_loss]() {
-      StepSums s = replica->take_sums();
-      run_loss += s.loss;
-      sums.loss += s.loss;
-      sums.correct += s.correct;
-      sums.comm_wait += s.comm_wait;
-      sums.grad_norm += s.grad_norm;
-      sums.allreduces += s.allreduces;
-      sums.allreduce_bytes += s.allreduce_bytes;
+    Sums this_run;  // this rank's, this run: the progress line's
+    auto add_steps = [&sums, &replica, &this_run]() {
+      const Sums s = replica->take_sums();
+      sums += s;
+      this_run += s;
       return s;
     };
     StepStats epoch_times;
@@ -544,20 +530,18 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       } else if (!health.grads_finite) {
         diverged(comm, health, epoch, step + 1, state.global_step + 1);
       }
-      sums.samples += batch.size;
-      run_samples += batch.size;
       ++step;
       ++state.global_step;
       state.samples_consumed += cfg.batch_size;
       if (board) {
         // Rank 0's own batch: its loss and accuracy need its sums now (on
         // a GPU that waits for rank 0's device, each step).
-        const StepSums s = add_steps();
+        const Sums s = add_steps();
         const StepTimes& t = replica->step_times();
         const double step_sec = data_wait + t.total();
         const int64_t at = state.global_step;
-        board->scalar("step/loss", at, s.loss / batch.size);
-        board->scalar("step/accuracy", at, s.correct / batch.size);
+        board->scalar("step/loss", at, s.loss / s.samples);
+        board->scalar("step/accuracy", at, s.correct / s.samples);
         board->scalar("step/lr", at, schedule.at(at - 1));
         board->scalar("step/samples_per_sec", at, step_sec > 0 ? cfg.batch_size / step_sec : 0);
         if (cfg.clip_grad_norm > 0) board->scalar("step/grad_norm", at, s.grad_norm);
@@ -567,7 +551,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       }
       if (progress && progress->due(step)) {
         add_steps();  // rank 0's alone: on a GPU this waits for its device, no other rank
-        progress->show(step, run_loss / run_samples);
+        progress->show(step, this_run.loss / this_run.samples);
       }
       if (!checkpointing || step == steps) continue;  // the epoch's end saves below
       const int sig = stop_requested();
