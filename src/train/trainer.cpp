@@ -350,13 +350,9 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
 
   const Placement place = place_rank(*host_comm, world, cfg);
   if (leader && !place.note.empty()) std::cerr << "ddp_train: note: " << place.note << "\n";
-  if (cfg.deterministic_shards > 0 && !cfg.sync_bn && nn::has_batch_norm(graph))
-    throw UsageError(detail::concat("--deterministic: model ", cfg.model, " has BatchNorm, whose statistics over ",
-                                    "each rank's own batch depend on the world size; add --sync-bn to take them "
-                                    "over the global batch"));
-  if (cfg.debug_collectives && place.device == "cuda")
-    throw UsageError("--debug-collectives checks the MPI backend's collectives; with GPUs (--device cuda) it is not "
-                     "available yet: use --device cpu to debug the order of collectives");
+  // The flags' validation refuses --device cuda; --device auto shows here
+  // whether it found GPUs.
+  if (cfg.debug_collectives && place.device == "cuda") throw UsageError(kDebugCollectivesOnGpus);
   // From here on every collective is numbered, and a stalled one ends the
   // job with rank 0's report of who is missing (comm/watchdog.hpp).
   std::unique_ptr<comm::Watchdog> watchdog;
