@@ -11,7 +11,6 @@
 #include <iostream>
 #include <map>
 #include <new>
-#include <nlohmann/json.hpp>
 #include <ostream>
 #include <vector>
 
@@ -28,12 +27,11 @@
 #include "ddp/ddp/reducer.hpp"              // broadcast_from_rank0
 #include "ddp/nn/graph.hpp"                 // model_graph: the model, described once
 #include "ddp/nn/model.hpp"                 // init_state
-#include "ddp/observe/tensorboard.hpp"       // TensorBoardWriter: --tensorboard
 #include "ddp/runtime/stop_signal.hpp"       // SIGTERM/SIGINT -> stop at a step boundary
 #include "ddp/train/optim_config.hpp"       // flags -> optimizer options, LR schedule
 #include "ddp/train/preflight.hpp"          // preflight: reachability, duplicate hostnames
 #include "ddp/train/placement.hpp"          // --device/--backend -> this rank's device
-#include "ddp/train/progress.hpp"           // rank 0's live line or step lines
+#include "ddp/train/reporter.hpp"           // Reporter: rank 0's lines and files, the epoch's record
 #include "ddp/train/replica.hpp"            // Replica: the model on its device, the step
 #include "ddp/train/resume.hpp"             // checkpoint contents, resume point
 #include "ddp/train/run_paths.hpp"          // check_run_paths: paths and the checkpoint directory's lock
@@ -48,18 +46,10 @@ namespace {
 // 65536 in a row) ends the run as diverged.
 constexpr float kMinLossScale = 0x1p-24f;
 
-using json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
 // What each rank tells rank 0 at start-up (fixed size for allgather).
@@ -425,12 +415,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     if (trace && !trace->written()) trace->write(trace_path_for_rank(cfg.trace, world.rank));
   };
 
-  std::ofstream metrics;
-  if (leader && !cfg.metrics_out.empty()) {
-    // A resumed run appends: the file then holds every epoch once.
-    metrics.open(cfg.metrics_out, state.global_step > 0 ? std::ios::app : std::ios::trunc);
-    DDP_CHECK(metrics, cfg.metrics_out, ": cannot open for writing (--metrics-out): ", std::strerror(errno));
-  }
+  Reporter report(world, cfg, steps, /*append_metrics=*/state.global_step > 0, out);
 
   // Rank 0 writes; the others only take part in agreeing when. Nothing here
   // is collective, so the cadence must be a function of the step alone.
@@ -450,20 +435,8 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     return static_cast<int>(sig);
   };
 
-  // --tensorboard: rank 0's scalars, every one at the global step it
-  // belongs to (an epoch's at its last step), so per-step and per-epoch
-  // plots share one axis; a resumed run adds a file beside the first.
-  std::unique_ptr<observe::TensorBoardWriter> board;
-  if (leader && !cfg.tensorboard.empty()) board = std::make_unique<observe::TensorBoardWriter>(cfg.tensorboard);
-
-  std::unique_ptr<Progress> progress;
-  if (leader && !cfg.quiet)
-    progress = std::make_unique<Progress>(out, &out == &std::cout && Progress::stdout_is_terminal(), cfg.log_every,
-                                          cfg.epochs, steps, cfg.batch_size);
-  std::vector<double> epoch_secs, rates;
   StepStats run_steps;  // every step of this run, for the summary
-  double allreduces_per_step = 0, allreduce_bytes_per_step = 0;
-  double last_loss = 0, last_acc = 0, last_train_acc = 0;
+  RunSummary summary;
   data::Batch batch;
   const int64_t first_epoch = state.epoch;
 
@@ -483,7 +456,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     if (first_step > 0) resumed_sec = state.epoch_train_sec;
     const auto t0 = Clock::now();
     int64_t step = first_step;
-    if (progress) progress->start_epoch(epoch, first_step);
+    report.start_epoch(epoch, first_step);
     Sums this_run;  // this rank's, this run: the progress line's
     auto add_steps = [&sums, &replica, &this_run]() {
       const Sums s = replica->take_sums();
@@ -529,25 +502,14 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       ++step;
       ++state.global_step;
       state.samples_consumed += cfg.batch_size;
-      if (board) {
-        // Rank 0's own batch: its loss and accuracy need its sums now (on
-        // a GPU that waits for rank 0's device, each step).
-        const Sums s = add_steps();
-        const StepTimes& t = replica->step_times();
-        const double step_sec = data_wait + t.total();
-        const int64_t at = state.global_step;
-        board->scalar("step/loss", at, s.loss / s.samples);
-        board->scalar("step/accuracy", at, s.correct / s.samples);
-        board->scalar("step/lr", at, schedule.at(at - 1));
-        board->scalar("step/samples_per_sec", at, step_sec > 0 ? cfg.batch_size / step_sec : 0);
-        if (cfg.clip_grad_norm > 0) board->scalar("step/grad_norm", at, s.grad_norm);
-        const double parts[StepBreakdown::kParts] = {data_wait + t.data, t.forward, t.backward, t.comm, t.optimizer};
-        for (int i = 0; i < StepBreakdown::kParts; ++i)
-          board->scalar(std::string("step/time_ms/") + StepBreakdown::kNames[size_t(i)], at, parts[i] * 1e3);
-      }
-      if (progress && progress->due(step)) {
+      // Rank 0's own batch: its loss and accuracy need its sums now (on a
+      // GPU that waits for rank 0's device, each step).
+      if (report.wants_step_scalars())
+        report.step_scalars(state.global_step, add_steps(), schedule.at(state.global_step - 1), data_wait,
+                            replica->step_times());
+      if (report.progress_due(step)) {
         add_steps();  // rank 0's alone: on a GPU this waits for its device, no other rank
-        progress->show(step, this_run.loss / this_run.samples);
+        report.show_progress(step, this_run.loss / this_run.samples);
       }
       if (!checkpointing || step == steps) continue;  // the epoch's end saves below
       const int sig = stop_requested();
@@ -568,11 +530,8 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       const std::string path = save(s);
       if (sig) {
         write_trace();
-        if (leader)
-          out << (progress ? progress->epoch_line_prefix() : "") << "ddp_train: stopped by signal " << sig
-              << " at epoch " << epoch + 1 << ", step " << step
-              << "; checkpoint " << path << "; rerun with --resume auto to continue\n"
-              << std::flush;
+        report.stopped(sig, detail::concat(" at epoch ", epoch + 1, ", step ", step, "; checkpoint ", path),
+                       /*clear_line=*/true);
         comm.barrier("stop after checkpoint");
         return kExitStoppedBySignal;
       }
@@ -589,111 +548,39 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       throw CollectiveError(detail::concat("training diverged in epoch ", epoch + 1, ": its loss sums to ",
                                            totals[0], "; a smaller --lr may help"));
 
-    const StepBreakdown breakdown = epoch_times.reduce(comm, "step times");
-    const std::vector<RankUsage> usage = gather_usage(comm, {rss_peak_mib(), replica->device_usage()});
-
+    EpochRecord r;
+    r.breakdown = epoch_times.reduce(comm, "step times");
+    r.usage = gather_usage(comm, {rss_peak_mib(), replica->device_usage()});
     const auto t1 = Clock::now();
-    double test_acc = 0;
     {
       TraceScope span(trace.get(), Trace::kStep, "evaluation", "evaluation", {{"epoch", epoch + 1}});
       sync_buffers();
-      test_acc = evaluate(*replica, world, data.test, per_rank);
+      r.test_acc = evaluate(*replica, world, data.test, per_rank);
     }
-    const double eval_sec = seconds_since(t1);
+    r.eval_sec = seconds_since(t1);
 
-    last_loss = totals[0] / totals[2];
-    last_train_acc = totals[1] / totals[2];
-    last_acc = test_acc;
-    const double rate = totals[2] / train_sec;
+    r.epoch = epoch + 1;
+    r.epochs = cfg.epochs;
+    r.global_step = state.global_step;
+    r.train_loss = totals[0] / totals[2];
+    r.train_acc = totals[1] / totals[2];
+    r.epoch_sec = train_sec;
+    r.samples_per_sec = totals[2] / train_sec;
+    r.comm_wait_sec = totals[3] / world.size;
+    r.lr = schedule.at(state.global_step - 1);  // the epoch's last step's
+    // This rank's own counts: the same on every rank.
     const int64_t epoch_steps = std::max<int64_t>(1, steps - first_step);
-    allreduces_per_step = sums.allreduces / double(epoch_steps);
-    allreduce_bytes_per_step = sums.allreduce_bytes / double(epoch_steps);
-    const double lr = schedule.at(state.global_step - 1);  // the epoch's last step's
+    r.allreduces_per_step = sums.allreduces / double(epoch_steps);
+    r.allreduce_bytes_per_step = sums.allreduce_bytes / double(epoch_steps);
     // Over the steps that took one: a step fp16's scaler skipped has none.
-    const double grad_norm = sums.grad_norm / double(std::max<int64_t>(1, epoch_steps - skipped_steps));
-    epoch_secs.push_back(train_sec);
-    rates.push_back(rate);
-    if (leader) {
-      if (!cfg.quiet) {
-        char line[256];
-        std::snprintf(line, sizeof(line),
-                      "epoch %lld/%d  train_loss %.4f  train_acc %.4f  test_acc %.4f  time %.2fs  %.0f samples/s  "
-                      "comm_wait %.3fs  lr %.4g",
-                      static_cast<long long>(epoch + 1), cfg.epochs, last_loss, last_train_acc, test_acc, train_sec,
-                      rate, totals[3] / world.size, lr);
-        out << progress->epoch_line_prefix() << line;
-        if (cfg.clip_grad_norm > 0) {
-          std::snprintf(line, sizeof(line), "  grad_norm %.4g", grad_norm);
-          out << line;
-        }
-        if (const optim::GradScaler* s = replica->scaler()) {
-          std::snprintf(line, sizeof(line), "  loss_scale %g (%lld skipped)", double(s->scale()),
-                        static_cast<long long>(skipped_steps));
-          out << line;
-        }
-        out << "\n";
-        // The epoch's median step and where its time went, and what the
-        // ranks used: an indented line, so that lines starting "epoch " stay
-        // one per epoch.
-        if (!breakdown.empty) out << "  " << breakdown.describe() << "; " << describe_usage(usage) << "\n";
-        out << std::flush;
-      }
-      if (board) {
-        const int64_t at = state.global_step;
-        board->scalar("epoch/train_loss", at, last_loss);
-        board->scalar("epoch/train_acc", at, last_train_acc);
-        board->scalar("epoch/test_acc", at, test_acc);
-        board->scalar("epoch/samples_per_sec", at, rate);
-        board->scalar("epoch/lr", at, lr);
-        board->scalar("epoch/epoch", at, double(epoch + 1));
-        if (cfg.clip_grad_norm > 0) board->scalar("epoch/grad_norm", at, grad_norm);
-        if (const optim::GradScaler* s = replica->scaler()) {
-          board->scalar("epoch/loss_scale", at, double(s->scale()));
-          board->scalar("epoch/skipped_steps", at, double(skipped_steps));
-        }
-        if (!breakdown.empty) {
-          board->scalar("epoch/step_ms", at, breakdown.step * 1e3);
-          for (int i = 0; i < StepBreakdown::kParts; ++i)
-            board->scalar(std::string("epoch/time_ms/") + StepBreakdown::kNames[size_t(i)], at,
-                          breakdown.parts[size_t(i)] * 1e3);
-          board->scalar("epoch/comm_hidden_frac", at, breakdown.hidden_frac);
-        }
-        double rss = 0;
-        for (const RankUsage& u : usage) rss = std::max(rss, u.rss_peak_mib);
-        board->scalar("epoch/peak_rss_mib_max", at, rss);
-        board->flush();
-      }
-      if (metrics.is_open()) {
-        json record{{"epoch", epoch + 1},
-                    {"train_loss", last_loss},
-                    {"train_acc", last_train_acc},
-                    {"test_acc", test_acc},
-                    {"epoch_sec", train_sec},
-                    {"eval_sec", eval_sec},
-                    {"samples_per_sec", rate},
-                    {"comm_wait_sec", totals[3] / world.size},
-                    {"lr", lr},
-                    {"allreduces_per_step", allreduces_per_step},
-                    {"allreduce_bytes_per_step", allreduce_bytes_per_step}};
-        if (cfg.clip_grad_norm > 0) record["grad_norm"] = grad_norm;
-        if (const optim::GradScaler* s = replica->scaler()) {
-          record["loss_scale"] = double(s->scale());
-          record["skipped_steps"] = skipped_steps;
-        }
-        if (!breakdown.empty) breakdown.add_to(record);
-        json mem = json::array(), gpu_mem = json::array(), gpu_util = json::array();
-        for (const RankUsage& u : usage) {
-          mem.push_back(u.rss_peak_mib);
-          if (u.device.mem_peak_mib >= 0) gpu_mem.push_back(u.device.mem_peak_mib);
-          if (u.device.util_pct >= 0) gpu_util.push_back(u.device.util_pct);
-        }
-        record["peak_rss_mib"] = std::move(mem);
-        if (gpu_mem.size() == usage.size()) record["gpu_mem_peak_mib"] = std::move(gpu_mem);
-        if (gpu_util.size() == usage.size()) record["gpu_util_pct"] = std::move(gpu_util);
-        metrics << record.dump() << "\n"
-                << std::flush;
-      }
+    if (cfg.clip_grad_norm > 0)
+      r.grad_norm = sums.grad_norm / double(std::max<int64_t>(1, epoch_steps - skipped_steps));
+    if (const optim::GradScaler* s = replica->scaler()) {
+      r.loss_scale = double(s->scale());
+      r.skipped_steps = skipped_steps;
     }
+    report.epoch(r);
+    summary.epochs.push_back(std::move(r));
     if (checkpointing) {
       checkpoint::RunState s = state;
       s.epoch = epoch + 1;
@@ -703,53 +590,32 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       save(s);
       if (const int sig = stop_requested(); sig && epoch + 1 < cfg.epochs) {
         write_trace();
-        if (leader)
-          out << "ddp_train: stopped by signal " << sig << " after epoch " << epoch + 1
-              << "; rerun with --resume auto to continue\n"
-              << std::flush;
+        report.stopped(sig, detail::concat(" after epoch ", epoch + 1), /*clear_line=*/false);
         comm.barrier("stop after checkpoint");
         return kExitStoppedBySignal;
       }
     }
   }
   // A run resumed after its last epoch still reports where it stands.
-  if (epoch_secs.empty()) {
+  if (summary.epochs.empty()) {
     sync_buffers();
-    last_acc = evaluate(*replica, world, data.test, per_rank);
+    summary.test_acc = evaluate(*replica, world, data.test, per_rank);
+  } else {
+    summary.test_acc = summary.epochs.back().test_acc;
   }
 
   write_trace();
-  const StepBreakdown run_breakdown = run_steps.reduce(comm, "the run's step times");
+  summary.steps = run_steps.reduce(comm, "the run's step times");
   if (leader && !cfg.output_model.empty()) {
     replica->pull(host);
     check_finite(g, host, "--output-model " + cfg.output_model);
     write_model(cfg.output_model, g, host, cfg, world.size, cfg.epochs);
   }
-  if (leader) {
-    json summary{{"event", "summary"},
-                {"world_size", world.size},
-                {"epochs", cfg.epochs},
-                {"model", cfg.model},
-                {"global_batch", cfg.batch_size},
-                {"steps_per_epoch", steps},
-                {"global_step", state.global_step},
-                {"backend", comm.backend()},
-                {"device", place.device},
-                {"overlap", cfg.overlap},
-                {"optimizer", cfg.optimizer},
-                {"accumulate", cfg.accumulate},
-                {"grad_compression", cfg.grad_compression},
-                {"precision", cfg.precision},
-                {"allreduces_per_step", allreduces_per_step},
-                {"allreduce_bytes_per_step", allreduce_bytes_per_step},
-                {"test_acc", last_acc},
-                {"train_acc", last_train_acc},
-                {"train_loss", last_loss},
-                {"epoch_sec_median", median(epoch_secs)},
-                {"samples_per_sec", median(rates)}};
-    if (!run_breakdown.empty) run_breakdown.add_to(summary);
-    out << summary.dump() << std::endl;
-  }
+  summary.backend = comm.backend();
+  summary.device = place.device;
+  summary.steps_per_epoch = steps;
+  summary.global_step = state.global_step;
+  report.summary(summary);
   // Nobody leaves before rank 0 has written its files: a rank that exits
   // early would not hurt, but a job that reports success before the model is
   // on disk would.
