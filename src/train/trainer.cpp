@@ -30,6 +30,7 @@
 #include "ddp/runtime/stop_signal.hpp"       // SIGTERM/SIGINT -> stop at a step boundary
 #include "ddp/train/optim_config.hpp"       // flags -> optimizer options, LR schedule
 #include "ddp/train/preflight.hpp"          // preflight: reachability, duplicate hostnames
+#include "ddp/train/checkpointing.hpp"      // Checkpointing: the state saved and restored
 #include "ddp/train/placement.hpp"          // --device/--backend -> this rank's device
 #include "ddp/train/reporter.hpp"           // Reporter: rank 0's lines and files, the epoch's record
 #include "ddp/train/replica.hpp"            // Replica: the model on its device, the step
@@ -237,21 +238,6 @@ double evaluate(Replica& replica, const World& world, const data::Dataset& test,
   return counts[1] > 0 ? counts[0] / counts[1] : 0.0;
 }
 
-// The model's state dict: parameters, buffers and counters under PyTorch's
-// names (no optimizer state).
-void write_model(const std::string& path, const nn::Graph& g, const TrainState& s, const Config& cfg,
-                 int world_size, int epochs_done) {
-  TrainState model_only;
-  model_only.model = s.model;
-  checkpoint::write_safetensors(path, checkpoint_tensors(g, model_only),
-                                {{"format", "ddp-model"},
-                                 {"model", cfg.model},
-                                 {"epochs", std::to_string(epochs_done)},
-                                 {"world_size", std::to_string(world_size)},
-                                 {"global_batch", std::to_string(cfg.batch_size)},
-                                 {"seed", std::to_string(cfg.seed)}});
-}
-
 // A step whose averaged gradients are not finite: every rank has the same
 // gradients, so all of them are here; they say which had a non-finite loss
 // (where the host has it: not on GPUs), and the job ends naming the step,
@@ -278,26 +264,6 @@ void write_model(const std::string& path, const nn::Graph& g, const TrainState& 
   throw CollectiveError(detail::concat("training diverged at epoch ", epoch + 1, ", step ", step, " (global step ",
                                        global_step, "): ", what,
                                        ". Nothing of this step was saved; a smaller --lr may help"));
-}
-
-// Before a state is written anywhere: every parameter finite, else an error
-// naming the first parameter that is not.
-void check_finite(const nn::Graph& g, const TrainState& s, const std::string& what) {
-  const size_t at = first_non_finite(s.model.params.data(), s.model.params.size());
-  if (at == s.model.params.size()) return;
-  for (const auto& p : g.params)
-    if (at >= p.offset && at < p.offset + p.numel)
-      DDP_FAIL("refusing to write ", what, ": parameter ", p.name, " holds a NaN or an infinity (element ",
-               at - p.offset, "): training diverged");
-  DDP_FAIL("refusing to write ", what, ": a parameter holds a NaN or an infinity: training diverged");
-}
-
-// Rank 0's buffers and counters (and parameters, when params) to every rank,
-// in host memory.
-void broadcast_state(comm::Communicator& comm, nn::ModelState& s, bool params) {
-  if (params) broadcast_from_rank0(comm, s.params.data(), s.params.size(), "initial parameters");
-  broadcast_from_rank0(comm, s.buffers.data(), s.buffers.size(), "buffers");
-  if (!s.counters.empty()) comm.broadcast(s.counters.data(), s.counters.size() * sizeof(int64_t), 0, "counters");
 }
 
 }  // namespace
@@ -330,13 +296,10 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   if (cfg.deterministic_shards > 0) sampler.set_contiguous(cfg.batch_size);
   const int64_t steps = sampler.num_samples() / per_rank;
 
-  // The model, described once, and this rank's replica of it on its device;
-  // `host` is the host's copy of what checkpoints and output files hold.
+  // The model, described once, and this rank's replica of it on its device.
   nn::Graph graph = nn::model_graph(cfg.model, {train.c, train.h, train.w}, train.classes);
   const optim::Options optimizer = optimizer_options(cfg);
   const optim::LrSchedule schedule = lr_schedule(cfg, int64_t(cfg.epochs) * steps);
-  TrainState host;
-  host.model = nn::init_state(graph, cfg.seed);
 
   const Placement place = place_rank(*host_comm, world, cfg);
   if (leader && !place.note.empty()) std::cerr << "ddp_train: note: " << place.note << "\n";
@@ -371,34 +334,11 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   } end_watch{watchdog};
   comm::Communicator& comm = replica->comm();
   comm.set_timeout(timeout);
-  const nn::Graph& g = replica->graph();
 
   // Where to start: a checkpoint's position, or the beginning.
-  checkpoint::RunState state;
-  state.config = resume_config(cfg, g, train, schedule);
   const bool checkpointing = !cfg.checkpoint_dir.empty();
-  const auto resumable = [&](const std::string& path, const checkpoint::Checkpoint& c) {
-    check_resumable(path, c, g, steps, cfg.batch_size, optimizer);
-  };
-  if (const auto resumed = find_resume_point(comm, cfg, state.config, resumable, out, std::cerr)) {
-    restore(resumed->checkpoint, g, optimizer, host);
-    const auto& saved = resumed->checkpoint.state;
-    const auto config = state.config;
-    state = saved;
-    state.config = config;
-  } else {
-    // Replicas start identical: rank 0's parameters and buffers everywhere.
-    broadcast_state(comm, host.model, /*params=*/true);
-  }
-  replica->push(host);
-  // Note [buffers] (nn/graph.hpp): rank 0's buffers, which it evaluates with
-  // and saves, go to every rank before each evaluation and each checkpoint.
-  auto sync_buffers = [&]() {
-    if (g.num_buffers == 0 && g.counters.empty()) return;
-    replica->pull_buffers(host.model);
-    broadcast_state(comm, host.model, /*params=*/false);
-    replica->push_buffers(host.model);
-  };
+  Checkpointing saved(world, cfg, *replica);
+  checkpoint::RunState state = saved.start(train, schedule, optimizer, steps, out);
   if (checkpointing) install_stop_handlers();
 
   startup_check(*replica, world, cfg, schedule, sampler.num_samples(), steps, out);
@@ -417,16 +357,6 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
 
   Reporter report(world, cfg, steps, /*append_metrics=*/state.global_step > 0, out);
 
-  // Rank 0 writes; the others only take part in agreeing when. Nothing here
-  // is collective, so the cadence must be a function of the step alone.
-  auto save = [&](const checkpoint::RunState& s) {
-    sync_buffers();  // collective
-    if (!leader) return std::string();
-    TraceScope span(trace.get(), Trace::kStep, "checkpoint", "checkpoint write", {{"step", s.global_step}});
-    replica->pull(host);
-    check_finite(g, host, detail::concat("the checkpoint of global step ", s.global_step));
-    return checkpoint::save_checkpoint(cfg.checkpoint_dir, s, checkpoint_tensors(g, host), cfg.keep_checkpoints);
-  };
   // Every rank must see the same answer at the same step (ranks get signals
   // at different moments), so the flag is all-reduced at each boundary.
   auto stop_requested = [&]() {
@@ -527,7 +457,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       s.epoch_correct = part[1];
       s.epoch_samples = part[2];
       s.epoch_train_sec = resumed_sec + seconds_since(t0);
-      const std::string path = save(s);
+      const std::string path = saved.save(s, trace.get());
       if (sig) {
         write_trace();
         report.stopped(sig, detail::concat(" at epoch ", epoch + 1, ", step ", step, "; checkpoint ", path),
@@ -554,7 +484,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
     const auto t1 = Clock::now();
     {
       TraceScope span(trace.get(), Trace::kStep, "evaluation", "evaluation", {{"epoch", epoch + 1}});
-      sync_buffers();
+      saved.sync_buffers();
       r.test_acc = evaluate(*replica, world, data.test, per_rank);
     }
     r.eval_sec = seconds_since(t1);
@@ -587,7 +517,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
       s.step_in_epoch = 0;
       s.world_size = world.size;
       s.epoch_loss_sum = s.epoch_correct = s.epoch_samples = s.epoch_train_sec = 0;
-      save(s);
+      saved.save(s, trace.get());
       if (const int sig = stop_requested(); sig && epoch + 1 < cfg.epochs) {
         write_trace();
         report.stopped(sig, detail::concat(" after epoch ", epoch + 1), /*clear_line=*/false);
@@ -598,7 +528,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
   }
   // A run resumed after its last epoch still reports where it stands.
   if (summary.epochs.empty()) {
-    sync_buffers();
+    saved.sync_buffers();
     summary.test_acc = evaluate(*replica, world, data.test, per_rank);
   } else {
     summary.test_acc = summary.epochs.back().test_acc;
@@ -606,11 +536,7 @@ int run(const World& world, const Config& cfg, std::ostream& out) {
 
   write_trace();
   summary.steps = run_steps.reduce(comm, "the run's step times");
-  if (leader && !cfg.output_model.empty()) {
-    replica->pull(host);
-    check_finite(g, host, "--output-model " + cfg.output_model);
-    write_model(cfg.output_model, g, host, cfg, world.size, cfg.epochs);
-  }
+  if (leader && !cfg.output_model.empty()) saved.write_model(cfg.output_model, cfg.epochs);
   summary.backend = comm.backend();
   summary.device = place.device;
   summary.steps_per_epoch = steps;
