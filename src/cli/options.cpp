@@ -10,7 +10,7 @@
 #include <cxxopts.hpp>
 
 #include "ddp/core/error.hpp"
-#include "ddp/nn/model.hpp"
+#include "ddp/nn/graph.hpp"  // known_models, model_graph, has_batch_norm
 
 namespace ddp::cli {
 
@@ -23,6 +23,12 @@ constexpr int kMaxBatch = 1 << 20;
 constexpr int kMaxBucketCapMb = 1 << 20;         // 1 TiB
 constexpr double kMinTimeoutSec = 0.001;         // 1 ms
 constexpr int64_t kMaxTimeoutSec = 365 * 86400;  // a year: its milliseconds fit an int64 with room
+
+// Whether a model has BatchNorm is its architecture's, whatever the input:
+// asked of the graph for Fashion-MNIST's shape, which every known model takes.
+bool has_batch_norm(const std::string& model) {
+  return nn::has_batch_norm(nn::model_graph(model, {1, 28, 28}, 10));
+}
 
 void validate(const train::Config& c, int world_size) {
   auto usage = [](bool ok, auto&&... parts) {
@@ -120,6 +126,11 @@ void validate(const train::Config& c, int world_size) {
   usage(c.backend != "nccl", "--backend nccl needs GPUs (--device cuda), which this build does not have (built "
         "without the CUDA toolkit); use --backend mpi");
 #endif
+  // Last, so that a flag wrong in itself is named first.
+  usage(c.deterministic_shards == 0 || c.sync_bn || !has_batch_norm(c.model), "--deterministic: model ", c.model,
+        " has BatchNorm, whose statistics over each rank's own batch depend on the world size; add --sync-bn to "
+        "take them over the global batch");
+  usage(!c.debug_collectives || c.device != "cuda", train::kDebugCollectivesOnGpus);
 }
 
 // Numbers are read as text and converted here, so that a bad value is

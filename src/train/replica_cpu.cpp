@@ -4,24 +4,31 @@
 #include <utility>
 #include <vector>
 
-#include "ddp/core/finite.hpp"      // first_non_finite
-#include "ddp/core/fixed_point.hpp"  // round_loss_sum
-#include "ddp/nn/cpu/thread_pool.hpp"   // default_threads
+#include "ddp/core/error.hpp"                // DDP_CHECK
+#include "ddp/core/finite.hpp"               // first_non_finite
+#include "ddp/core/fixed_point.hpp"          // round_loss_sum
+#include "ddp/deterministic/devices.hpp"     // make_cpu_device: --deterministic's
+#include "ddp/deterministic/exact_sum.hpp"   // HostExactGradientSum
+#include "ddp/nn/cpu/thread_pool.hpp"        // default_threads
+#include "ddp/train/exact_backend.hpp"       // ExactBackend
 #include "ddp/train/replica.hpp"
 
 namespace ddp::train {
 
 namespace {
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public Backend, public ExactBackend {
  public:
   CpuBackend(std::unique_ptr<comm::Communicator> comm, int threads)
-      : comm_(std::move(comm)), threads_(threads > 0 ? threads : nn::default_threads()),
-        device_(nn::make_cpu_device(threads_)) {}
+      : comm_(std::move(comm)), threads_(threads > 0 ? threads : nn::default_threads()) {}
 
   std::string device_name() const override { return "cpu"; }
   int threads() const override { return threads_; }
-  nn::Device& device() override { return *device_; }
+  // Made at its first use, so that it is the mode's where the mode asks first.
+  nn::Device& device() override {
+    if (!device_) device_ = nn::make_cpu_device(threads_);
+    return *device_;
+  }
   comm::Communicator& comm() override { return *comm_; }
   void sync(const std::string&) override {}
 
@@ -32,18 +39,23 @@ class CpuBackend final : public Backend {
                              float* dlogits, int grad_batch) override {
     const float loss = nn::softmax_cross_entropy(logits, labels, batch, classes, dlogits, grad_batch);
     const double sum = double(loss) * batch;
-    sums_[0] += exact_loss_ ? fixed_point::round_loss_sum(sum) : sum;
-    sums_[1] += double(nn::count_correct(logits, labels, batch, classes));
+    sums_.loss += exact_loss_ ? fixed_point::round_loss_sum(sum) : sum;
+    sums_.correct += double(nn::count_correct(logits, labels, batch, classes));
     return loss;
   }
   void count_correct(const float* logits, const int32_t* labels, int batch, int classes) override {
-    sums_[2] += double(nn::count_correct(logits, labels, batch, classes));
+    sums_.eval_correct += double(nn::count_correct(logits, labels, batch, classes));
   }
-  std::vector<double> take_sums() override { return std::exchange(sums_, std::vector<double>(3, 0.0)); }
-  void set_exact_loss() override { exact_loss_ = true; }
+  Sums take_sums() override { return std::exchange(sums_, Sums{}); }
+
+  void use_shard_device() override {
+    DDP_CHECK(!device_, "--deterministic: the CPU device is in use already");
+    device_ = deterministic::make_cpu_device(threads_);
+  }
   std::unique_ptr<ExactGradientSum> make_exact_sum(std::vector<size_t> param_numels, int shards) override {
     return std::make_unique<HostExactGradientSum>(std::move(param_numels), shards);
   }
+  void set_exact_loss() override { exact_loss_ = true; }
 
   bool checks_every_step() const override { return true; }
   bool all_finite(const float* p, size_t n) override { return first_non_finite(p, n) == n; }
@@ -54,7 +66,7 @@ class CpuBackend final : public Backend {
   int threads_;
   std::unique_ptr<nn::Device> device_;
   std::unique_ptr<optim::Kernels> kernels_ = optim::make_cpu_kernels();
-  std::vector<double> sums_ = std::vector<double>(3, 0.0);  // loss, correct, evaluation correct
+  Sums sums_;  // loss, correct, eval_correct
   bool exact_loss_ = false;
 };
 

@@ -25,12 +25,15 @@
 #include "ddp/comm/device_communicator.hpp"  // nccl, staged mpi
 #include "ddp/core/error.hpp"                // DDP_CHECK, UsageError
 #include "ddp/core/finite.hpp"               // first_non_finite
+#include "ddp/deterministic/devices.hpp"     // make_cuda_device: --deterministic's
+#include "ddp/deterministic/exact_sum.hpp"   // make_cuda_exact_sum
 #include "ddp/nn/cuda/device.hpp"            // make_cuda_device, loss kernels
 #include "ddp/optim/kernels.hpp"             // make_cuda_kernels
 #include "ddp/runtime/cuda_check.hpp"        // DDP_CUDA_CHECK
 #include "ddp/runtime/cuda_context.hpp"      // Context, set_device
 #include "ddp/runtime/device.hpp"            // find_shared_gpu
 #include "ddp/runtime/gpu_monitor.hpp"       // GpuMonitor: the start-up table's GPU, memory, utilisation
+#include "ddp/train/exact_backend.hpp"       // ExactBackend
 #include "ddp/train/replica.hpp"
 
 namespace ddp::train {
@@ -81,14 +84,13 @@ struct PinnedSlot {
   bool used = false;
 };
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, public ExactBackend {
  public:
   CudaBackend(const World& world, const Config& cfg, int gpu, std::unique_ptr<comm::Communicator> host_comm,
               comm::Watchdog* watchdog)
       : info_(cuda::set_device(gpu)), threads_(world.threads) {
     const std::string backend = check_gpus_distinct(*host_comm, world, info_, cfg.backend);
     ctx_ = std::make_unique<cuda::Context>(gpu);
-    ctx_->set_deterministic(cfg.deterministic_shards > 0);
     if (backend == "nccl") {
       comm_ = comm::make_nccl_communicator(world, *ctx_, std::chrono::milliseconds(
                                                              static_cast<int64_t>(cfg.preflight_timeout_sec * 1000)),
@@ -101,8 +103,8 @@ class CudaBackend final : public Backend {
     device_ = nn::make_cuda_device(*ctx_);
     monitor_ = std::make_unique<cuda::GpuMonitor>(info_);
     kernels_ = optim::make_cuda_kernels(ctx_->compute());
-    sums_ = static_cast<double*>(ctx_->alloc(3 * sizeof(double)));
-    DDP_CUDA_CHECK(cudaMemsetAsync(sums_, 0, 3 * sizeof(double), ctx_->compute()));
+    sums_ = static_cast<double*>(ctx_->alloc(kDeviceSums * sizeof(double)));
+    DDP_CUDA_CHECK(cudaMemsetAsync(sums_, 0, kDeviceSums * sizeof(double), ctx_->compute()));
     for (PinnedSlot& s : slots_) {
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&s.free, cudaEventDisableTiming));
@@ -154,11 +156,16 @@ class CudaBackend final : public Backend {
   }
 
   std::string device_name() const override { return "cuda:" + std::to_string(info_.index); }
-  void set_exact_loss() override { exact_loss_ = true; }
+  // --deterministic: cuDNN's deterministic algorithms only.
+  void use_shard_device() override {
+    ctx_->set_deterministic(true);
+    device_ = deterministic::make_cuda_device(*ctx_);
+  }
   std::unique_ptr<ExactGradientSum> make_exact_sum(std::vector<size_t> param_numels, int shards) override {
     return make_cuda_exact_sum(std::move(param_numels), shards, *ctx_,
                                [this](const std::string& what) { sync(what); });
   }
+  void set_exact_loss() override { exact_loss_ = true; }
   int threads() const override { return threads_; }
   std::string describe() const override { return device_name() + " " + monitor_->describe(); }
   DeviceUsage usage() override { return {monitor_->mem_peak_mib(), monitor_->util_pct()}; }
@@ -201,21 +208,25 @@ class CudaBackend final : public Backend {
 
   std::optional<double> loss(const float* logits, const int32_t* labels, int batch, int classes,
                              float* dlogits, int grad_batch) override {
-    nn::softmax_cross_entropy_cuda(logits, labels, batch, classes, dlogits, sums_, ctx_->compute(), grad_batch,
-                                   exact_loss_);
+    nn::softmax_cross_entropy_cuda(logits, labels, batch, classes, dlogits, sums_ + kLoss, ctx_->compute(),
+                                   grad_batch, exact_loss_);
     return std::nullopt;  // on the device until take_sums
   }
   void count_correct(const float* logits, const int32_t* labels, int batch, int classes) override {
-    nn::count_correct_cuda(logits, labels, batch, classes, sums_ + 2, ctx_->compute());
+    nn::count_correct_cuda(logits, labels, batch, classes, sums_ + kEvalCorrect, ctx_->compute());
   }
 
-  // The device sums (loss, correct, evaluation correct), then zeroed.
-  std::vector<double> take_sums() override {
-    std::vector<double> h(3, 0.0);
+  // The device's sums, then zeroed.
+  Sums take_sums() override {
+    double h[kDeviceSums];
     comm_->synchronize(ctx_->compute(), "reading the step metrics");
-    DDP_CUDA_CHECK(cudaMemcpy(h.data(), sums_, 3 * sizeof(double), cudaMemcpyDeviceToHost));
-    DDP_CUDA_CHECK(cudaMemsetAsync(sums_, 0, 3 * sizeof(double), ctx_->compute()));
-    return h;
+    DDP_CUDA_CHECK(cudaMemcpy(h, sums_, sizeof h, cudaMemcpyDeviceToHost));
+    DDP_CUDA_CHECK(cudaMemsetAsync(sums_, 0, sizeof h, ctx_->compute()));
+    Sums s;
+    s.loss = h[kLoss];
+    s.correct = h[kCorrect];
+    s.eval_correct = h[kEvalCorrect];
+    return s;
   }
 
   // Looking at the gradients would stop the host every step (replica.hpp).
@@ -251,7 +262,12 @@ class CudaBackend final : public Backend {
   std::unique_ptr<comm::DeviceCommunicator> comm_;
   std::unique_ptr<nn::Device> device_;
   std::unique_ptr<optim::Kernels> kernels_;
-  double* sums_ = nullptr;  // device: loss sum, correct (training), correct (evaluation)
+  // The device's sums, doubles at these indices: softmax_cross_entropy_cuda
+  // adds the loss at its sums[0] and the correct count at sums[1], so kLoss
+  // and kCorrect must follow one another.
+  enum DeviceSum { kLoss, kCorrect, kEvalCorrect, kDeviceSums };
+  static_assert(kCorrect == kLoss + 1, "the loss kernel's layout");
+  double* sums_ = nullptr;
   std::array<PinnedSlot, 2> slots_;
   size_t next_slot_ = 0, current_ = 0;
   bool exact_loss_ = false;  // --deterministic

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "ddp/core/error.hpp"
+#include "ddp/deterministic/exact_sum.hpp"  // kMaxExponent: what a checkpoint's exponents may be
 #include "ddp/train/optim_config.hpp"  // optimizer_options
 
 namespace ddp::train {

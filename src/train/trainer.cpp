@@ -1,780 +1,123 @@
+// The Trainer's set-up, its epochs' ends and the run's end (trainer.hpp);
+// the epoch itself is epoch.cpp's.
 #include "ddp/train/trainer.hpp"
 
-#include <algorithm>
-#include <array>
-#include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <exception>
-#include <fstream>
-#include <iostream>
-#include <map>
-#include <new>
-#include <nlohmann/json.hpp>
 #include <ostream>
-#include <vector>
 
-#include "ddp/checkpoint/safetensors.hpp"   // write_safetensors: --output-model
-#include "ddp/comm/checked_communicator.hpp"  // --debug-collectives
-#include "ddp/comm/communicator.hpp"        // Communicator: MPI backend
-#include "ddp/comm/watchdog.hpp"            // Watchdog: numbered collectives, the stall report
-#include "ddp/core/error.hpp"               // DDP_CHECK, CollectiveError
-#include "ddp/core/finite.hpp"              // first_non_finite: no diverged state is saved
-#include "ddp/core/trace.hpp"               // Trace: --trace's timeline
-#include "ddp/data/dataset.hpp"             // load_idx_dir, make_synthetic
-#include "ddp/data/loader.hpp"              // Loader: prefetching batches
-#include "ddp/data/sampler.hpp"             // DistributedSampler, eval_shard
-#include "ddp/reducer/reducer.hpp"              // broadcast_from_rank0
-#include "ddp/nn/graph.hpp"                 // model_graph: the model, described once
-#include "ddp/nn/model.hpp"                 // init_state
-#include "ddp/observe/tensorboard.hpp"       // TensorBoardWriter: --tensorboard
-#include "ddp/runtime/stop_signal.hpp"       // SIGTERM/SIGINT -> stop at a step boundary
-#include "ddp/train/optim_config.hpp"       // flags -> optimizer options, LR schedule
-#include "ddp/train/preflight.hpp"          // preflight: reachability, duplicate hostnames
-#include "ddp/train/placement.hpp"          // --device/--backend -> this rank's device
-#include "ddp/train/progress.hpp"           // rank 0's live line or step lines
-#include "ddp/train/replica.hpp"            // Replica: the model on its device, the step
-#include "ddp/train/resume.hpp"             // checkpoint contents, resume point
-#include "ddp/train/run_paths.hpp"          // check_run_paths: paths and the checkpoint directory's lock
-#include "ddp/train/step_stats.hpp"         // StepStats: the median step and its parts
-#include "ddp/train/usage.hpp"              // RankUsage: every rank's peak memory
+#include "ddp/core/error.hpp"              // detail::concat
+#include "ddp/nn/graph.hpp"                // model_graph: the model, described once
+#include "ddp/runtime/stop_signal.hpp"     // SIGTERM/SIGINT -> stop at a step boundary
+#include "ddp/train/evaluation.hpp"        // evaluate: exact distributed accuracy
+#include "ddp/train/optim_config.hpp"      // flags -> optimizer options, LR schedule
+#include "ddp/train/startup_table.hpp"     // the start-up lines, the steps' agreement
 
 namespace ddp::train {
 
-namespace {
-
-// --precision fp16: a loss scale below this (40 halvings of the default
-// 65536 in a row) ends the run as diverged.
-constexpr float kMinLossScale = 0x1p-24f;
-
-using json = nlohmann::ordered_json;
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
-
-// What each rank tells rank 0 at start-up (fixed size for allgather).
-struct RankInfo {
-  char host[64];
-  char device[16];
-  char blas[192];
-  int32_t local_rank, local_size, threads;
-  int64_t shard, steps;
-};
-
-// The BLAS kernels the CPU ranks run (Note [BLAS kernels]): one line when
-// every rank runs the same, else one per rank.
-void describe_blas(const std::vector<RankInfo>& ranks, std::ostream& out) {
-  bool same = true;
-  for (const RankInfo& r : ranks) same = same && std::strcmp(r.blas, ranks[0].blas) == 0;
-  if (same) {
-    if (ranks[0].blas[0]) out << " BLAS: " << ranks[0].blas << "\n";
-    return;
-  }
-  for (size_t r = 0; r < ranks.size(); ++r)
-    if (ranks[r].blas[0]) out << " rank " << r << " BLAS: " << ranks[r].blas << "\n";
-}
-
-// One table of every rank, so a misconfigured job is visible in its first
-// lines; and the agreement check: every rank must take the same number of
-// steps per epoch, or the collectives of the last steps would never match.
-void startup_check(Replica& replica, const World& world, const Config& cfg, const optim::LrSchedule& schedule,
-                   int64_t shard, int64_t steps, std::ostream& out) {
-  comm::Communicator& comm = replica.comm();
-  const nn::Graph& graph = replica.graph();
-  const Reducer& reducer = replica.reducer();
-  RankInfo mine{};
-  std::snprintf(mine.host, sizeof(mine.host), "%s", world.host.c_str());
-  std::snprintf(mine.device, sizeof(mine.device), "%s", replica.device().c_str());
-  std::snprintf(mine.blas, sizeof(mine.blas), "%s", world.blas.c_str());
-  mine.local_rank = world.local_rank;
-  mine.local_size = world.local_size;
-  mine.threads = replica.threads();
-  mine.shard = shard;
-  mine.steps = steps;
-  const std::vector<char> all = comm.allgather(&mine, sizeof(mine), "start-up rank table");
-  std::vector<RankInfo> ranks(world.size);
-  std::memcpy(ranks.data(), all.data(), all.size());
-  for (int r = 1; r < world.size; ++r)
-    DDP_CHECK(ranks[r].steps == ranks[0].steps, "ranks disagree on steps per epoch: rank 0 has ",
-              ranks[0].steps, ", rank ", r, " has ", ranks[r].steps, " (shards ", ranks[0].shard,
-              " and ", ranks[r].shard, " samples); refusing to start");
-  if (world.rank != 0) return;
-  char line[256];
-  std::snprintf(line, sizeof(line),
-                "ddp_train: %d rank%s, backend %s, device %s, model %s (%zu parameters, %zu bucket%s), "
-                "global batch %d (%d per rank), %lld steps per epoch\n",
-                world.size, world.size == 1 ? "" : "s", comm.backend(), ranks[0].device, cfg.model.c_str(),
-                graph.num_params, reducer.buckets().size(), reducer.buckets().size() == 1 ? "" : "s",
-                cfg.batch_size, cfg.batch_size / world.size, static_cast<long long>(steps));
-  out << line;
-  out << "ddp_train: optimizer " << optim::describe(replica.optimizer().options()) << "; lr " << schedule.describe();
-  if (cfg.scale_lr)
-    out << " (--scale-lr: " << cfg.lr << " x global batch " << cfg.batch_size << " / 256)";
-  if (cfg.grad_compression != "none") out << "; gradients all-reduced as " << cfg.grad_compression;
-  if (cfg.precision != "fp32") {
-    out << "\nddp_train: precision " << cfg.precision
-        << ": convolutions and linear layers take their inputs, weights and output gradients in "
-        << cfg.precision << " and accumulate in fp32 (autocast); master weights, optimizer, BatchNorm and loss fp32";
-    if (const optim::GradScaler* s = replica.scaler())
-      out << "; loss scale " << s->scale() << ", halved on a step with non-finite gradients (skipped), doubled after "
-          << s->options().growth_interval << " good steps";
-    if (ranks[0].device == std::string("cpu"))
-      out << "; on CPUs the values are rounded to " << cfg.precision
-          << " and computed in fp32: a GPU's numerics, not its speed";
-    else
-      out << "; on GPUs cuDNN's and cuBLAS's " << cfg.precision << " kernels (tensor cores)";
-  }
-  if (cfg.deterministic_shards > 0)
-    out << "\nddp_train: deterministic: " << cfg.deterministic_shards << " micro-shards of "
-        << cfg.batch_size / cfg.deterministic_shards
-        << " samples per step, each on "
-        << (ranks[0].device == std::string("cpu") ? "one thread" : "the GPU in turn, deterministic cuDNN algorithms")
-        << ", gradients summed as integers; bitwise the same at world sizes "
-        << reproducing_world_sizes(cfg.deterministic_shards)
-        << (nn::has_batch_norm(graph) ? "; BatchNorm's statistics over the global batch, each micro-shard's summed in "
-                                    "shard order"
-                                  : "");
-  if (cfg.accumulate > 1)
-    out << "; " << cfg.accumulate << " micro-batches of " << cfg.batch_size / world.size / cfg.accumulate
-        << " per rank per step (--accumulate), all-reduce after the last";
-  out << "\n";
-  out << " rank  host                 local  device  threads  shard  steps\n";
-  for (int r = 0; r < world.size; ++r) {
-    std::snprintf(line, sizeof(line), " %4d  %-20s %2d/%-3d %-7s %7d  %5lld  %5lld\n", r, ranks[r].host,
-                  ranks[r].local_rank, ranks[r].local_size, ranks[r].device, ranks[r].threads,
-                  static_cast<long long>(ranks[r].shard), static_cast<long long>(ranks[r].steps));
-    out << line;
-  }
-  describe_blas(ranks, out);
-  out.flush();
-}
-
-// The GPUs of the start-up table: one line per rank that has a description.
-void describe_devices(Replica& replica, const World& world, std::ostream& out) {
-  char mine[256] = {};
-  std::snprintf(mine, sizeof mine, "%s", replica.device_description().c_str());
-  const std::vector<char> all = replica.comm().allgather(mine, sizeof mine, "start-up device descriptions");
-  if (world.rank != 0) return;
-  for (int r = 0; r < world.size; ++r) {
-    const char* d = all.data() + size_t(r) * sizeof mine;
-    if (d[0]) out << " rank " << r << ": " << std::string(d, strnlen(d, sizeof mine)) << "\n";
-  }
-  out.flush();
-}
-
-data::Split read_data(const Config& cfg) {
-  if (!cfg.data_dir.empty()) {
-    try {
-      return data::load_idx_dir(cfg.data_dir);
-    } catch (const std::bad_alloc&) {
-      DDP_FAIL("--data-dir ", cfg.data_dir, ": not enough memory for the images its headers declare");
-    }
-  }
-  const int64_t n = cfg.synthetic > 0 ? cfg.synthetic : kDefaultSynthetic;
-  try {
-    return data::make_synthetic(n, cfg.seed);
-  } catch (const std::bad_alloc&) {
-    DDP_FAIL("--synthetic ", n, ": not enough memory for ", n, " images of 28x28 (", (n * 28 * 28 * 4) >> 20,
-             " MiB, and a fifth of that again for the test set)");
-  }
-}
-
-// The dataset, with --train-limit applied: the sampler then works on those
-// samples alone, as on a dataset of that size.
-data::Split load_data(const Config& cfg) {
-  data::Split s = read_data(cfg);
-  if (cfg.train_limit > 0) {
-    data::Dataset& t = s.train;
-    DDP_CHECK(cfg.train_limit <= t.n, "--train-limit ", cfg.train_limit, " is more than the ", t.n,
-              " training images of ", t.source);
-    t.n = cfg.train_limit;
-    t.images.resize(size_t(t.n * t.sample_numel()));
-    t.labels.resize(size_t(t.n));
-    t.source += detail::concat(", its first ", t.n);
-  }
-  return s;
-}
-
-// Runs fn on every rank. When it throws on some, every rank throws one
-// CollectiveError (said once, by rank 0) with the first failing rank's
-// message, saying which ranks failed unless all did with that very message:
-// a file every rank reads fails once, not once per rank.
-template <typename Fn>
-void on_every_rank(comm::Communicator& comm, const char* what, Fn&& fn) {
-  constexpr size_t kMessage = 1024;
-  std::array<char, kMessage> mine{};
-  try {
-    fn();
-  } catch (const CollectiveError&) {
-    throw;
-  } catch (const std::exception& e) {
-    std::snprintf(mine.data(), kMessage, "%s", e.what()[0] ? e.what() : "unknown error");
-  }
-  const std::vector<char> all = comm.allgather(mine.data(), kMessage, what);
-  auto message = [&](int r) { return std::string(all.data() + size_t(r) * kMessage); };
-  int first = -1, failed = 0, same = 0;
-  for (int r = 0; r < comm.size(); ++r) {
-    if (message(r).empty()) continue;
-    if (first < 0) first = r;
-    ++failed;
-    same += message(r) == message(first);
-  }
-  if (failed == 0) return;
-  if (same == comm.size()) throw CollectiveError(message(first));
-  throw CollectiveError(detail::concat(message(first), " (on rank ", first,
-                                       failed > 1 ? detail::concat("; ", failed, " ranks failed") : "", ")"));
-}
-
-// Exact distributed accuracy: each rank counts its eval_shard, counts are summed.
-double evaluate(Replica& replica, const World& world, const data::Dataset& test, int batch) {
-  data::Loader loader(test, data::eval_shard(test.n, world.size, world.rank), batch,
-                      /*drop_last=*/false);
-  data::Batch b;
-  double counts[2] = {0, 0};
-  while (loader.next(b)) {
-    replica.eval_batch(b);
-    counts[1] += b.size;
-  }
-  counts[0] = replica.take_correct();
-  replica.comm().allreduce_doubles(counts, 2, /*max=*/false, "evaluation counts");
-  return counts[1] > 0 ? counts[0] / counts[1] : 0.0;
-}
-
-// The model's state dict: parameters, buffers and counters under PyTorch's
-// names (no optimizer state).
-void write_model(const std::string& path, const nn::Graph& g, const TrainState& s, const Config& cfg,
-                 int world_size, int epochs_done) {
-  TrainState model_only;
-  model_only.model = s.model;
-  checkpoint::write_safetensors(path, checkpoint_tensors(g, model_only),
-                                {{"format", "ddp-model"},
-                                 {"model", cfg.model},
-                                 {"epochs", std::to_string(epochs_done)},
-                                 {"world_size", std::to_string(world_size)},
-                                 {"global_batch", std::to_string(cfg.batch_size)},
-                                 {"seed", std::to_string(cfg.seed)}});
-}
-
-// A step whose averaged gradients are not finite: every rank has the same
-// gradients, so all of them are here; they say which had a non-finite loss
-// (where the host has it: not on GPUs), and the job ends naming the step,
-// before anything of it is saved.
-[[noreturn]] void diverged(comm::Communicator& comm, const StepHealth& health, int64_t epoch, int64_t step,
-                           int64_t global_step) {
-  const double mine[2] = {health.loss, health.loss_known ? 1.0 : 0.0};
-  const std::vector<char> all = comm.allgather(mine, sizeof mine, "divergence: every rank's loss");
-  std::string ranks;
-  int bad = 0, known = 0;
-  for (int r = 0; r < comm.size(); ++r) {
-    double theirs[2];
-    std::memcpy(theirs, all.data() + r * sizeof mine, sizeof mine);
-    if (theirs[1] == 0) continue;
-    ++known;
-    if (!std::isfinite(theirs[0])) ranks += detail::concat(bad++ ? ", " : "", r);
-  }
-  std::string what = "the averaged gradients hold a NaN or an infinity";
-  if (known == comm.size())
-    what += bad == 0             ? ", and the loss was finite on every rank"
-            : bad == comm.size() ? ", and the loss was NaN or infinite on every rank"
-                                 : detail::concat(", and the loss was NaN or infinite on rank", bad > 1 ? "s " : " ",
-                                                  ranks);
-  throw CollectiveError(detail::concat("training diverged at epoch ", epoch + 1, ", step ", step, " (global step ",
-                                       global_step, "): ", what,
-                                       ". Nothing of this step was saved; a smaller --lr may help"));
-}
-
-// Before a state is written anywhere: every parameter finite, else an error
-// naming the first parameter that is not.
-void check_finite(const nn::Graph& g, const TrainState& s, const std::string& what) {
-  const size_t at = first_non_finite(s.model.params.data(), s.model.params.size());
-  if (at == s.model.params.size()) return;
-  for (const auto& p : g.params)
-    if (at >= p.offset && at < p.offset + p.numel)
-      DDP_FAIL("refusing to write ", what, ": parameter ", p.name, " holds a NaN or an infinity (element ",
-               at - p.offset, "): training diverged");
-  DDP_FAIL("refusing to write ", what, ": a parameter holds a NaN or an infinity: training diverged");
-}
-
-// Rank 0's buffers and counters (and parameters, when params) to every rank,
-// in host memory.
-void broadcast_state(comm::Communicator& comm, nn::ModelState& s, bool params) {
-  if (params) broadcast_from_rank0(comm, s.params.data(), s.params.size(), "initial parameters");
-  broadcast_from_rank0(comm, s.buffers.data(), s.buffers.size(), "buffers");
-  if (!s.counters.empty()) comm.broadcast(s.counters.data(), s.counters.size() * sizeof(int64_t), 0, "counters");
-}
-
-// The epoch's running sums on this rank (reduced across ranks at the end).
-struct EpochSums {
-  double loss = 0, correct = 0, samples = 0, comm_wait = 0;
-  double grad_norm = 0, allreduces = 0, allreduce_bytes = 0;  // the same on every rank: not reduced
-};
-
-}  // namespace
-
 int run(const World& world, const Config& cfg, std::ostream& out) {
-  const bool leader = world.rank == 0;
-  // Before anything is read or trained; the checkpoint directory stays
-  // locked for this job until run returns.
-  std::unique_ptr<checkpoint::DirLock> dir_lock;
-  if (leader) dir_lock = check_run_paths(cfg, world.host, std::cerr);
-  if (dir_lock && !dir_lock->unguarded().empty()) std::cerr << "ddp_train: warning: " << dir_lock->unguarded() << "\n";
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_sec * 1000));
-  std::unique_ptr<comm::Communicator> host_comm = comm::make_mpi_communicator(world);
-  if (cfg.debug_collectives) host_comm = comm::make_checked_communicator(std::move(host_comm));
-  host_comm->set_timeout(timeout);
-  preflight(*host_comm, world, std::chrono::milliseconds(static_cast<int64_t>(cfg.preflight_timeout_sec * 1000)),
-            std::cerr);
+  Trainer trainer(world, cfg, out);
+  return trainer.run();
+}
 
-  const int per_rank = cfg.batch_size / world.size;
-  data::Split data;
-  on_every_rank(*host_comm, "dataset check", [&] {
-    data = load_data(cfg);
-    DDP_CHECK(data.train.n / world.size >= per_rank, "dataset too small: ", data.train.n, " training images (",
-              data.train.source, ") do not fill one global batch of ", cfg.batch_size, " (--batch-size)");
-  });
-  const data::Dataset& train = data.train;
-  data::DistributedSampler sampler(train.n, world.size, world.rank, cfg.seed);
-  // Micro-shards are contiguous blocks of the global batch (Note [fixed-point
-  // gradients], deterministic/exact_sum.hpp).
-  if (cfg.deterministic_shards > 0) sampler.set_contiguous(cfg.batch_size);
-  const int64_t steps = sampler.num_samples() / per_rank;
+Trainer::EndWatch::~EndWatch() {
+  if (watchdog && std::uncaught_exceptions() == 0) watchdog->stop();
+  watchdog.reset();
+}
 
-  // The model, described once, and this rank's replica of it on its device;
-  // `host` is the host's copy of what checkpoints and output files hold.
+Trainer::Trainer(const World& world, const Config& cfg, std::ostream& out)
+    : world_(world),
+      cfg_(cfg),
+      dir_lock_(lock_run_paths(world, cfg)),  // before anything is read or trained
+      host_comm_(open_host_comm(world, cfg)),
+      data_(load_training_data(*host_comm_, world, cfg)) {
+  const data::Dataset& train = data_.data.train;
   nn::Graph graph = nn::model_graph(cfg.model, {train.c, train.h, train.w}, train.classes);
-  const optim::Options optimizer = optimizer_options(cfg);
-  const optim::LrSchedule schedule = lr_schedule(cfg, int64_t(cfg.epochs) * steps);
-  TrainState host;
-  host.model = nn::init_state(graph, cfg.seed);
-
-  const Placement place = place_rank(*host_comm, world, cfg);
-  if (leader && !place.note.empty()) std::cerr << "ddp_train: note: " << place.note << "\n";
-  if (cfg.deterministic_shards > 0 && !cfg.sync_bn && nn::has_batch_norm(graph))
-    throw UsageError(detail::concat("--deterministic: model ", cfg.model, " has BatchNorm, whose statistics over ",
-                                    "each rank's own batch depend on the world size; add --sync-bn to take them "
-                                    "over the global batch"));
-  if (cfg.debug_collectives && place.device == "cuda")
-    throw UsageError("--debug-collectives checks the MPI backend's collectives; with GPUs (--device cuda) it is not "
-                     "available yet: use --device cpu to debug the order of collectives");
+  optimizer_ = optimizer_options(cfg);
+  schedule_ = lr_schedule(cfg, int64_t(cfg.epochs) * data_.steps);
+  place_ = place(*host_comm_, world, cfg);
   // From here on every collective is numbered, and a stalled one ends the
   // job with rank 0's report of who is missing (comm/watchdog.hpp).
-  std::unique_ptr<comm::Watchdog> watchdog;
-  if (world.size > 1) watchdog = std::make_unique<comm::Watchdog>(world, comm::Watchdog::Options{timeout});
-  std::unique_ptr<Backend> backend;
-  if (place.device == "cuda") {
-#if DDP_HAVE_CUDA
-    backend = make_cuda_backend(world, cfg, place.gpu, std::move(host_comm), watchdog.get());
-#endif
-  } else {
-    // --deterministic runs each micro-shard on one of the threads (Note
-    // [lanes] in nn/device.hpp), so every thread is used at any world size.
-    backend = make_cpu_backend(watchdog ? watchdog->watch(std::move(host_comm)) : std::move(host_comm));
+  if (world.size > 1)
+    watchdog_ = std::make_unique<comm::Watchdog>(world, comm::Watchdog::Options{collective_timeout(cfg)});
+  replica_ = make_replica(world, cfg, place_, std::move(host_comm_), watchdog_.get(), std::move(graph), optimizer_);
+  replica_->comm().set_timeout(collective_timeout(cfg));
+  checkpointing_ = std::make_unique<Checkpointing>(world, cfg, *replica_);
+  position_ = checkpointing_->start(train, schedule_, optimizer_, data_.steps, out);
+  if (!cfg.checkpoint_dir.empty()) install_stop_handlers();
+  startup_table(*replica_, world, cfg, schedule_, data_.sampler.num_samples(), data_.steps, out);
+  start_trace();
+  report_ = std::make_unique<Reporter>(world, cfg, data_.steps, /*append_metrics=*/position_.global_step > 0, out);
+}
+
+int Trainer::run() {
+  while (position_.epoch < cfg_.epochs) {
+    Epoch e = start_epoch();
+    if (!train_steps(e)) return kExitStoppedBySignal;
+    summary_.epochs.push_back(finish_epoch(e));
+    report_->epoch(summary_.epochs.back());
+    if (!end_epoch(e)) return kExitStoppedBySignal;
   }
-  DDP_CHECK(backend, "--device ", place.device, ": not in this build");
-  auto replica = std::make_unique<Replica>(cfg, optimizer, std::move(backend), std::move(graph));
-  // Ends the watching before the replica goes: with every rank at the end
-  // of training (each return below follows a barrier), or at once when an
-  // error leaves.
-  struct EndWatch {
-    std::unique_ptr<comm::Watchdog>& w;
-    ~EndWatch() {
-      if (w && std::uncaught_exceptions() == 0) w->stop();
-      w.reset();
-    }
-  } end_watch{watchdog};
-  comm::Communicator& comm = replica->comm();
-  comm.set_timeout(timeout);
-  const nn::Graph& g = replica->graph();
+  return finish();
+}
 
-  // Where to start: a checkpoint's position, or the beginning.
-  checkpoint::RunState state;
-  state.config = resume_config(cfg, g, train, schedule);
-  const bool checkpointing = !cfg.checkpoint_dir.empty();
-  const auto resumable = [&](const std::string& path, const checkpoint::Checkpoint& c) {
-    check_resumable(path, c, g, steps, cfg.batch_size, optimizer);
-  };
-  if (const auto resumed = find_resume_point(comm, cfg, state.config, resumable, out, std::cerr)) {
-    restore(resumed->checkpoint, g, optimizer, host);
-    const auto& saved = resumed->checkpoint.state;
-    const auto config = state.config;
-    state = saved;
-    state.config = config;
-  } else {
-    // Replicas start identical: rank 0's parameters and buffers everywhere.
-    broadcast_state(comm, host.model, /*params=*/true);
-  }
-  replica->push(host);
-  // Note [buffers] (nn/graph.hpp): rank 0's buffers, which it evaluates with
-  // and saves, go to every rank before each evaluation and each checkpoint.
-  auto sync_buffers = [&]() {
-    if (g.num_buffers == 0 && g.counters.empty()) return;
-    replica->pull_buffers(host.model);
-    broadcast_state(comm, host.model, /*params=*/false);
-    replica->push_buffers(host.model);
-  };
-  if (checkpointing) install_stop_handlers();
-
-  startup_check(*replica, world, cfg, schedule, sampler.num_samples(), steps, out);
-  describe_devices(*replica, world, out);
-
-  // --trace: every rank's clock starts at one moment, so their files line up.
-  std::unique_ptr<Trace> trace;
-  if (!cfg.trace.empty()) {
-    comm.barrier("--trace: a common start of the ranks' clocks");
-    trace = std::make_unique<Trace>(world.rank, world.host, cfg.trace_first, cfg.trace_last, Trace::Clock::now());
-    replica->set_trace(trace.get());
-  }
-  const auto write_trace = [&]() {
-    if (trace && !trace->written()) trace->write(trace_path_for_rank(cfg.trace, world.rank));
-  };
-
-  std::ofstream metrics;
-  if (leader && !cfg.metrics_out.empty()) {
-    // A resumed run appends: the file then holds every epoch once.
-    metrics.open(cfg.metrics_out, state.global_step > 0 ? std::ios::app : std::ios::trunc);
-    DDP_CHECK(metrics, cfg.metrics_out, ": cannot open for writing (--metrics-out): ", std::strerror(errno));
-  }
-
-  // Rank 0 writes; the others only take part in agreeing when. Nothing here
-  // is collective, so the cadence must be a function of the step alone.
-  auto save = [&](const checkpoint::RunState& s) {
-    sync_buffers();  // collective
-    if (!leader) return std::string();
-    TraceScope span(trace.get(), Trace::kStep, "checkpoint", "checkpoint write", {{"step", s.global_step}});
-    replica->pull(host);
-    check_finite(g, host, detail::concat("the checkpoint of global step ", s.global_step));
-    return checkpoint::save_checkpoint(cfg.checkpoint_dir, s, checkpoint_tensors(g, host), cfg.keep_checkpoints);
-  };
-  // Every rank must see the same answer at the same step (ranks get signals
-  // at different moments), so the flag is all-reduced at each boundary.
-  auto stop_requested = [&]() {
-    double sig = stop_signal();
-    comm.allreduce_doubles(&sig, 1, /*max=*/true, "stop-signal agreement");
-    return static_cast<int>(sig);
-  };
-
-  // --tensorboard: rank 0's scalars, every one at the global step it
-  // belongs to (an epoch's at its last step), so per-step and per-epoch
-  // plots share one axis; a resumed run adds a file beside the first.
-  std::unique_ptr<observe::TensorBoardWriter> board;
-  if (leader && !cfg.tensorboard.empty()) board = std::make_unique<observe::TensorBoardWriter>(cfg.tensorboard);
-
-  std::unique_ptr<Progress> progress;
-  if (leader && !cfg.quiet)
-    progress = std::make_unique<Progress>(out, &out == &std::cout && Progress::stdout_is_terminal(), cfg.log_every,
-                                          cfg.epochs, steps, cfg.batch_size);
-  std::vector<double> epoch_secs, rates;
-  StepStats run_steps;  // every step of this run, for the summary
-  double allreduces_per_step = 0, allreduce_bytes_per_step = 0;
-  double last_loss = 0, last_acc = 0, last_train_acc = 0;
-  data::Batch batch;
-  const int64_t first_epoch = state.epoch;
-
-  for (int64_t epoch = first_epoch; epoch < cfg.epochs; ++epoch) {
-    sampler.set_epoch(static_cast<uint64_t>(epoch));
-    const int64_t first_step = epoch == first_epoch ? state.step_in_epoch : 0;
-    data::Loader loader(train, sampler.indices(), per_rank, /*drop_last=*/true, first_step);
-    // Sums of the epoch so far: this rank's part of them. A resumed epoch
-    // starts from the checkpoint's totals, counted once (by rank 0).
-    EpochSums sums;
-    double resumed_sec = 0;
-    if (first_step > 0 && leader) {
-      sums.loss = state.epoch_loss_sum;
-      sums.correct = state.epoch_correct;
-      sums.samples = state.epoch_samples;
-    }
-    if (first_step > 0) resumed_sec = state.epoch_train_sec;
-    const auto t0 = Clock::now();
-    int64_t step = first_step;
-    if (progress) progress->start_epoch(epoch, first_step);
-    double run_loss = 0, run_samples = 0;  // this rank's, this run: the progress line's
-    auto add_steps = [&sums, &replica, &run_loss]() {
-      StepSums s = replica->take_sums();
-      run_loss += s.loss;
-      sums.loss += s.loss;
-      sums.correct += s.correct;
-      sums.comm_wait += s.comm_wait;
-      sums.grad_norm += s.grad_norm;
-      sums.allreduces += s.allreduces;
-      sums.allreduce_bytes += s.allreduce_bytes;
-      return s;
-    };
-    StepStats epoch_times;
-    int64_t skipped_steps = 0;  // by fp16's loss scaler, this epoch
-    for (;;) {
-      if (trace) {
-        if (trace->window_passed(state.global_step + 1)) write_trace();  // not part of any step's time
-        trace->begin_step(state.global_step + 1);
-      }
-      const auto step_start = Clock::now();
-      bool more;
-      {
-        TraceScope span(trace.get(), Trace::kStep, "data", "data wait");
-        more = loader.next(batch);
-      }
-      if (!more) break;
-      const double data_wait = seconds_since(step_start);
-      const StepHealth health = replica->train_step(batch, schedule.at(state.global_step));
-      if (trace)
-        trace->span(Trace::kStep, "step", detail::concat("step ", state.global_step + 1), step_start, Clock::now(),
-                    {{"step", state.global_step + 1}, {"epoch", epoch + 1}});
-      epoch_times.add(data_wait, replica->step_times());
-      run_steps.add(data_wait, replica->step_times());
-      if (health.skipped) {
-        // fp16's scaler skipped the step (every rank alike) and halved its
-        // scale; a scale this small means the gradients are not finite at
-        // any scale.
-        ++skipped_steps;
-        if (replica->scaler()->scale() < kMinLossScale)
-          throw CollectiveError(detail::concat(
-              "training diverged at epoch ", epoch + 1, ", step ", step + 1, " (global step ", state.global_step + 1,
-              "): --precision fp16's loss scale fell to ", replica->scaler()->scale(),
-              ", every step skipped for non-finite gradients; nothing of it was saved. A smaller --lr, or "
-              "--precision bf16, may help"));
-      } else if (!health.grads_finite) {
-        diverged(comm, health, epoch, step + 1, state.global_step + 1);
-      }
-      sums.samples += batch.size;
-      run_samples += batch.size;
-      ++step;
-      ++state.global_step;
-      state.samples_consumed += cfg.batch_size;
-      if (board) {
-        // Rank 0's own batch: its loss and accuracy need its sums now (on
-        // a GPU that waits for rank 0's device, each step).
-        const StepSums s = add_steps();
-        const StepTimes& t = replica->step_times();
-        const double step_sec = data_wait + t.total();
-        const int64_t at = state.global_step;
-        board->scalar("step/loss", at, s.loss / batch.size);
-        board->scalar("step/accuracy", at, s.correct / batch.size);
-        board->scalar("step/lr", at, schedule.at(at - 1));
-        board->scalar("step/samples_per_sec", at, step_sec > 0 ? cfg.batch_size / step_sec : 0);
-        if (cfg.clip_grad_norm > 0) board->scalar("step/grad_norm", at, s.grad_norm);
-        const double parts[StepBreakdown::kParts] = {data_wait + t.data, t.forward, t.backward, t.comm, t.optimizer};
-        for (int i = 0; i < StepBreakdown::kParts; ++i)
-          board->scalar(std::string("step/time_ms/") + StepBreakdown::kNames[size_t(i)], at, parts[i] * 1e3);
-      }
-      if (progress && progress->due(step)) {
-        add_steps();  // rank 0's alone: on a GPU this waits for its device, no other rank
-        progress->show(step, run_loss / run_samples);
-      }
-      if (!checkpointing || step == steps) continue;  // the epoch's end saves below
-      const int sig = stop_requested();
-      const bool due = cfg.checkpoint_every > 0 && state.global_step % cfg.checkpoint_every == 0;
-      if (!sig && !due) continue;
-      // Mid-epoch checkpoint: the epoch's sums so far, over all ranks.
-      add_steps();
-      double part[3] = {sums.loss, sums.correct, sums.samples};
-      comm.allreduce_doubles(part, 3, /*max=*/false, "checkpoint epoch sums");
-      checkpoint::RunState s = state;
-      s.epoch = epoch;
-      s.step_in_epoch = step;
-      s.world_size = world.size;
-      s.epoch_loss_sum = part[0];
-      s.epoch_correct = part[1];
-      s.epoch_samples = part[2];
-      s.epoch_train_sec = resumed_sec + seconds_since(t0);
-      const std::string path = save(s);
-      if (sig) {
-        write_trace();
-        if (leader)
-          out << (progress ? progress->epoch_line_prefix() : "") << "ddp_train: stopped by signal " << sig
-              << " at epoch " << epoch + 1 << ", step " << step
-              << "; checkpoint " << path << "; rerun with --resume auto to continue\n"
-              << std::flush;
-        comm.barrier("stop after checkpoint");
-        return kExitStoppedBySignal;
-      }
-    }
-    add_steps();  // waits for the device: the epoch's time includes all its work
-    double train_sec = seconds_since(t0);
-    comm.allreduce_doubles(&train_sec, 1, /*max=*/true, "epoch time");
-    double totals[4] = {sums.loss, sums.correct, sums.samples, sums.comm_wait};
-    comm.allreduce_doubles(totals, 4, /*max=*/false, "training metrics");
-    train_sec += resumed_sec;
-    // Where steps are not checked one by one (GPUs: replica.hpp), the epoch's
-    // loss is, before its checkpoint; the totals are the same on every rank.
-    if (!std::isfinite(totals[0]))
-      throw CollectiveError(detail::concat("training diverged in epoch ", epoch + 1, ": its loss sums to ",
-                                           totals[0], "; a smaller --lr may help"));
-
-    const StepBreakdown breakdown = epoch_times.reduce(comm, "step times");
-    const std::vector<RankUsage> usage = gather_usage(comm, {rss_peak_mib(), replica->device_usage()});
-
-    const auto t1 = Clock::now();
-    double test_acc = 0;
-    {
-      TraceScope span(trace.get(), Trace::kStep, "evaluation", "evaluation", {{"epoch", epoch + 1}});
-      sync_buffers();
-      test_acc = evaluate(*replica, world, data.test, per_rank);
-    }
-    const double eval_sec = seconds_since(t1);
-
-    last_loss = totals[0] / totals[2];
-    last_train_acc = totals[1] / totals[2];
-    last_acc = test_acc;
-    const double rate = totals[2] / train_sec;
-    const int64_t epoch_steps = std::max<int64_t>(1, steps - first_step);
-    allreduces_per_step = sums.allreduces / double(epoch_steps);
-    allreduce_bytes_per_step = sums.allreduce_bytes / double(epoch_steps);
-    const double lr = schedule.at(state.global_step - 1);  // the epoch's last step's
-    // Over the steps that took one: a step fp16's scaler skipped has none.
-    const double grad_norm = sums.grad_norm / double(std::max<int64_t>(1, epoch_steps - skipped_steps));
-    epoch_secs.push_back(train_sec);
-    rates.push_back(rate);
-    if (leader) {
-      if (!cfg.quiet) {
-        char line[256];
-        std::snprintf(line, sizeof(line),
-                      "epoch %lld/%d  train_loss %.4f  train_acc %.4f  test_acc %.4f  time %.2fs  %.0f samples/s  "
-                      "comm_wait %.3fs  lr %.4g",
-                      static_cast<long long>(epoch + 1), cfg.epochs, last_loss, last_train_acc, test_acc, train_sec,
-                      rate, totals[3] / world.size, lr);
-        out << progress->epoch_line_prefix() << line;
-        if (cfg.clip_grad_norm > 0) {
-          std::snprintf(line, sizeof(line), "  grad_norm %.4g", grad_norm);
-          out << line;
-        }
-        if (const optim::GradScaler* s = replica->scaler()) {
-          std::snprintf(line, sizeof(line), "  loss_scale %g (%lld skipped)", double(s->scale()),
-                        static_cast<long long>(skipped_steps));
-          out << line;
-        }
-        out << "\n";
-        // The epoch's median step and where its time went, and what the
-        // ranks used: an indented line, so that lines starting "epoch " stay
-        // one per epoch.
-        if (!breakdown.empty) out << "  " << breakdown.describe() << "; " << describe_usage(usage) << "\n";
-        out << std::flush;
-      }
-      if (board) {
-        const int64_t at = state.global_step;
-        board->scalar("epoch/train_loss", at, last_loss);
-        board->scalar("epoch/train_acc", at, last_train_acc);
-        board->scalar("epoch/test_acc", at, test_acc);
-        board->scalar("epoch/samples_per_sec", at, rate);
-        board->scalar("epoch/lr", at, lr);
-        board->scalar("epoch/epoch", at, double(epoch + 1));
-        if (cfg.clip_grad_norm > 0) board->scalar("epoch/grad_norm", at, grad_norm);
-        if (const optim::GradScaler* s = replica->scaler()) {
-          board->scalar("epoch/loss_scale", at, double(s->scale()));
-          board->scalar("epoch/skipped_steps", at, double(skipped_steps));
-        }
-        if (!breakdown.empty) {
-          board->scalar("epoch/step_ms", at, breakdown.step * 1e3);
-          for (int i = 0; i < StepBreakdown::kParts; ++i)
-            board->scalar(std::string("epoch/time_ms/") + StepBreakdown::kNames[size_t(i)], at,
-                          breakdown.parts[size_t(i)] * 1e3);
-          board->scalar("epoch/comm_hidden_frac", at, breakdown.hidden_frac);
-        }
-        double rss = 0;
-        for (const RankUsage& u : usage) rss = std::max(rss, u.rss_peak_mib);
-        board->scalar("epoch/peak_rss_mib_max", at, rss);
-        board->flush();
-      }
-      if (metrics.is_open()) {
-        json record{{"epoch", epoch + 1},
-                    {"train_loss", last_loss},
-                    {"train_acc", last_train_acc},
-                    {"test_acc", test_acc},
-                    {"epoch_sec", train_sec},
-                    {"eval_sec", eval_sec},
-                    {"samples_per_sec", rate},
-                    {"comm_wait_sec", totals[3] / world.size},
-                    {"lr", lr},
-                    {"allreduces_per_step", allreduces_per_step},
-                    {"allreduce_bytes_per_step", allreduce_bytes_per_step}};
-        if (cfg.clip_grad_norm > 0) record["grad_norm"] = grad_norm;
-        if (const optim::GradScaler* s = replica->scaler()) {
-          record["loss_scale"] = double(s->scale());
-          record["skipped_steps"] = skipped_steps;
-        }
-        if (!breakdown.empty) breakdown.add_to(record);
-        json mem = json::array(), gpu_mem = json::array(), gpu_util = json::array();
-        for (const RankUsage& u : usage) {
-          mem.push_back(u.rss_peak_mib);
-          if (u.device.mem_peak_mib >= 0) gpu_mem.push_back(u.device.mem_peak_mib);
-          if (u.device.util_pct >= 0) gpu_util.push_back(u.device.util_pct);
-        }
-        record["peak_rss_mib"] = std::move(mem);
-        if (gpu_mem.size() == usage.size()) record["gpu_mem_peak_mib"] = std::move(gpu_mem);
-        if (gpu_util.size() == usage.size()) record["gpu_util_pct"] = std::move(gpu_util);
-        metrics << record.dump() << "\n"
-                << std::flush;
-      }
-    }
-    if (checkpointing) {
-      checkpoint::RunState s = state;
-      s.epoch = epoch + 1;
-      s.step_in_epoch = 0;
-      s.world_size = world.size;
-      s.epoch_loss_sum = s.epoch_correct = s.epoch_samples = s.epoch_train_sec = 0;
-      save(s);
-      if (const int sig = stop_requested(); sig && epoch + 1 < cfg.epochs) {
-        write_trace();
-        if (leader)
-          out << "ddp_train: stopped by signal " << sig << " after epoch " << epoch + 1
-              << "; rerun with --resume auto to continue\n"
-              << std::flush;
-        comm.barrier("stop after checkpoint");
-        return kExitStoppedBySignal;
-      }
-    }
-  }
-  // A run resumed after its last epoch still reports where it stands.
-  if (epoch_secs.empty()) {
-    sync_buffers();
-    last_acc = evaluate(*replica, world, data.test, per_rank);
-  }
-
+// The position after epoch e, and its checkpoint. Returns false when the run
+// stops there, asked to by a signal.
+bool Trainer::end_epoch(const Epoch& e) {
+  position_.epoch = e.index + 1;
+  position_.step_in_epoch = 0;
+  position_.epoch_loss_sum = position_.epoch_correct = position_.epoch_samples = position_.epoch_train_sec = 0;
+  if (cfg_.checkpoint_dir.empty()) return true;
+  checkpointing_->save(position_, trace_.get());
+  const int sig = stop_requested();
+  if (!sig || position_.epoch >= cfg_.epochs) return true;
   write_trace();
-  const StepBreakdown run_breakdown = run_steps.reduce(comm, "the run's step times");
-  if (leader && !cfg.output_model.empty()) {
-    replica->pull(host);
-    check_finite(g, host, "--output-model " + cfg.output_model);
-    write_model(cfg.output_model, g, host, cfg, world.size, cfg.epochs);
-  }
-  if (leader) {
-    json summary{{"event", "summary"},
-                {"world_size", world.size},
-                {"epochs", cfg.epochs},
-                {"model", cfg.model},
-                {"global_batch", cfg.batch_size},
-                {"steps_per_epoch", steps},
-                {"global_step", state.global_step},
-                {"backend", comm.backend()},
-                {"device", place.device},
-                {"overlap", cfg.overlap},
-                {"optimizer", cfg.optimizer},
-                {"accumulate", cfg.accumulate},
-                {"grad_compression", cfg.grad_compression},
-                {"precision", cfg.precision},
-                {"allreduces_per_step", allreduces_per_step},
-                {"allreduce_bytes_per_step", allreduce_bytes_per_step},
-                {"test_acc", last_acc},
-                {"train_acc", last_train_acc},
-                {"train_loss", last_loss},
-                {"epoch_sec_median", median(epoch_secs)},
-                {"samples_per_sec", median(rates)}};
-    if (!run_breakdown.empty) run_breakdown.add_to(summary);
-    out << summary.dump() << std::endl;
-  }
+  report_->stopped(sig, detail::concat(" after epoch ", e.index + 1), /*clear_line=*/false);
+  replica_->comm().barrier("stop after checkpoint");
+  return false;
+}
+
+int Trainer::finish() {
+  // A run resumed after its last epoch still reports where it stands.
+  summary_.test_acc = summary_.epochs.empty() ? test_accuracy() : summary_.epochs.back().test_acc;
+  write_trace();
+  comm::Communicator& comm = replica_->comm();
+  summary_.steps = run_steps_.reduce(comm, "the run's step times");
+  if (world_.rank == 0 && !cfg_.output_model.empty()) checkpointing_->write_model(cfg_.output_model, cfg_.epochs);
+  summary_.backend = comm.backend();
+  summary_.device = place_.device;
+  summary_.steps_per_epoch = data_.steps;
+  summary_.global_step = position_.global_step;
+  report_->summary(summary_);
   // Nobody leaves before rank 0 has written its files: a rank that exits
   // early would not hurt, but a job that reports success before the model is
   // on disk would.
   comm.barrier("end of training");
   return 0;
+}
+
+double Trainer::test_accuracy() {
+  checkpointing_->sync_buffers();
+  return evaluate(*replica_, world_, data_.data.test, data_.per_rank);
+}
+
+// Ranks get signals at different moments, so the flag is all-reduced at each
+// boundary where a stop may happen: every rank stops at the same step.
+int Trainer::stop_requested() {
+  double sig = stop_signal();
+  replica_->comm().allreduce_doubles(&sig, 1, /*max=*/true, "stop-signal agreement");
+  return static_cast<int>(sig);
+}
+
+// --trace: every rank's clock starts at one moment, so their files line up.
+void Trainer::start_trace() {
+  if (cfg_.trace.empty()) return;
+  replica_->comm().barrier("--trace: a common start of the ranks' clocks");
+  trace_ = std::make_unique<Trace>(world_.rank, world_.host, cfg_.trace_first, cfg_.trace_last, Trace::Clock::now());
+  replica_->set_trace(trace_.get());
+}
+
+void Trainer::write_trace() {
+  if (trace_ && !trace_->written()) trace_->write(trace_path_for_rank(cfg_.trace, world_.rank));
 }
 
 }  // namespace ddp::train

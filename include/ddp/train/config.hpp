@@ -72,6 +72,13 @@ inline std::string reproducing_world_sizes(int shards) {
   return s;
 }
 
+// --debug-collectives checks the MPI backend's communicator only. GPUs are
+// refused it by the flags' validation where --device cuda asks for them, and
+// by the trainer's set-up where --device auto finds them.
+inline constexpr const char* kDebugCollectivesOnGpus =
+    "--debug-collectives checks the MPI backend's collectives; with GPUs (--device cuda) it is not available yet: "
+    "use --device cpu to debug the order of collectives";
+
 // Exit status of a run stopped by SIGTERM/SIGINT after it wrote a checkpoint:
 // rerunning the same command with --resume auto continues it.
 constexpr int kExitStoppedBySignal = 75;

@@ -11,7 +11,11 @@
 // What differs between devices is a Backend (replica_cpu.cpp,
 // replica_cuda.cu): the nn::Device, the communicator the reducer uses, how a
 // batch reaches the device, the loss and optimizer kernels, and where the
-// step's sums are kept until the trainer reads them.
+// loss and correct counts are kept until the trainer takes them.
+//
+// --deterministic's step is replica_exact.cpp's (its model runs in
+// micro-shards, its gradients are summed as integers): the mode asks of a
+// backend what train/exact_backend.hpp says.
 #pragma once
 
 #include <functional>
@@ -23,26 +27,16 @@
 #include "ddp/comm/communicator.hpp"  // Communicator
 #include "ddp/comm/watchdog.hpp"      // Watchdog: the GPU communicator watched
 #include "ddp/data/loader.hpp"        // Batch
-#include "ddp/deterministic/exact_sum.hpp"      // ExactGradientSum: --deterministic
-#include "ddp/reducer/reducer.hpp"        // Reducer
+#include "ddp/reducer/reducer.hpp"    // Reducer
 #include "ddp/nn/model.hpp"           // Model, ModelState, Graph
 #include "ddp/optim/grad_scaler.hpp"  // GradScaler: --precision fp16's loss scale
 #include "ddp/optim/optimizer.hpp"    // Optimizer: SGD, AdamW, their state, clipping
 #include "ddp/runtime/world.hpp"      // World
 #include "ddp/train/config.hpp"       // Config
+#include "ddp/train/sums.hpp"         // Sums: the loss, counts and waits taken by the trainer
 #include "ddp/train/usage.hpp"        // DeviceUsage
 
 namespace ddp::train {
-
-// What the training steps since the last take_sums() added up to on this rank.
-struct StepSums {
-  double loss = 0;       // sum over samples of the per-sample loss
-  double correct = 0;    // samples whose arg-max was the label
-  double comm_wait = 0;  // seconds the host waited for buckets
-  double grad_norm = 0;  // sum of the steps' gradient norms before clipping (0 without clipping)
-  double allreduces = 0;       // gradient all-reduces launched
-  double allreduce_bytes = 0;  // and their bytes
-};
 
 // Where one step's time went on this rank, in seconds (host clock): staging
 // the batch on the device, forward (with the loss), backward, waiting for the
@@ -108,20 +102,16 @@ class Backend {
   // Softmax cross-entropy: writes d(mean loss)/d(logits), the mean over
   // grad_batch samples (the whole step's, of which this batch may be one
   // micro-batch), and adds the batch's loss sum and correct count to the
-  // running sums. Returns the batch's mean loss where the host has it at
+  // device's sums. Returns the batch's mean loss where the host has it at
   // once (CPU), else nullopt.
   virtual std::optional<double> loss(const float* logits, const int32_t* labels, int batch, int classes,
                                      float* dlogits, int grad_batch) = 0;
+  // Adds the batch's correct predictions to the device's evaluation count.
   virtual void count_correct(const float* logits, const int32_t* labels, int batch, int classes) = 0;
-  // The sums since the last call (loss, correct; evaluation correct), reset.
-  virtual std::vector<double> take_sums() = 0;
-  // --deterministic: each batch's loss sum is rounded to a multiple of 2^-20
-  // before it is added (fixed_point::round_loss_sum), so that sums of them
-  // are exact in double and the same in any order.
-  virtual void set_exact_loss() = 0;
-  // --deterministic's fixed-point sum, its integers in this device's memory
-  // (deterministic/exact_sum.hpp).
-  virtual std::unique_ptr<ExactGradientSum> make_exact_sum(std::vector<size_t> param_numels, int shards) = 0;
+  // The device's sums since the last call, reset: loss, correct and
+  // eval_correct (the other fields are the replica's, zero here). Waits for
+  // the device.
+  virtual Sums take_sums() = 0;
 
   // Whether all_finite is cheap enough to run every step (it needs the host
   // to look at device memory).
@@ -168,8 +158,6 @@ class Replica {
   DeviceUsage device_usage() { return backend_->usage(); }
   comm::Communicator& comm() { return backend_->comm(); }
   const Reducer& reducer() const { return *reducer_; }
-  // --deterministic's sum, nullptr without it.
-  const ExactGradientSum* exact_sum() const { return exact_.get(); }
   const nn::Graph& graph() const { return model_->graph(); }
   const optim::Optimizer& optimizer() const { return *optimizer_; }
   // --precision fp16's loss scaler, nullptr without it.
@@ -197,47 +185,44 @@ class Replica {
   // The step's parts, each op and each bucket's all-reduce as spans of
   // trace while it records (nullptr: none).
   void set_trace(Trace* trace);
-  // The sums of the steps since the last call (waits for them).
-  StepSums take_sums();
-
-  // Evaluation (BatchNorm on its running statistics): adds the batch's
-  // correct predictions to a count that take_correct() returns (waiting for
-  // it) and resets.
+  // Evaluation (BatchNorm on its running statistics) of one batch, counted
+  // in the sums' eval_samples and eval_correct.
   void eval_batch(const data::Batch& batch);
-  double take_correct();
+  // Everything train_step and eval_batch counted since the last call,
+  // reset; waits for the device.
+  Sums take_sums();
 
  private:
+  class Stats;       // SyncBatchNorm's reducer over the backend's communicator
+  class ExactStats;  // and its micro-shards' sums in shard order (replica_exact.cpp)
+  struct Exact;      // --deterministic's part (replica_exact.cpp)
   // Forward and backward of the step's micro-batches (--accumulate), the
   // last one's gradients all-reduced by the reducer as backward makes them.
   void reduced_passes(const float* x, const int32_t* y, int batch, size_t sample, StepHealth& health,
                       const std::function<void(double&)>& lap);
-  // --deterministic's forward and backward: the batch op by op, each op
-  // micro-shard by micro-shard on the device's lanes (Note [micro-shards],
-  // Note [lanes] in nn/device.hpp), each micro-shard's gradients into the
-  // fixed-point sum; then its all-reduce.
+  // --deterministic (replica_exact.cpp): its model and sums (exact_, the
+  // model in model_); the forward and backward of a step in micro-shards,
+  // each micro-shard's gradients into the fixed-point sum, then its
+  // all-reduce; an evaluation forward in micro-shards.
+  std::unique_ptr<nn::Model> make_exact(const Config& cfg, nn::Graph graph);
   void exact_passes(const float* x, const int32_t* y, int batch, StepHealth& health,
                     const std::function<void(double&)>& lap);
+  const float* exact_eval_forward(const float* x, int batch);
   // --precision fp16: d(loss)/d(logits) of `batch` samples times the loss
   // scale (the scaled loss's backward, optim/grad_scaler.hpp).
   void scale_dlogits(int batch);
-  class Stats;       // SyncBatchNorm's reducer over the backend's communicator
-  class ToExactSum;  // the model's micro-shard gradients into exact_
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Stats> stats_;
   std::unique_ptr<nn::Model> model_;
   std::unique_ptr<Reducer> reducer_;
-  std::unique_ptr<ExactGradientSum> exact_;  // --deterministic
-  int shard_ = 0, global_batch_ = 0;         // --deterministic's micro-shard, in samples
+  std::unique_ptr<Exact> exact_;  // --deterministic
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::GradScaler> scaler_;  // --precision fp16
   std::unique_ptr<nn::Array> dlogits_;
   int classes_ = 0, accumulate_ = 1;
-  double allreduces_ = 0, allreduce_bytes_ = 0;
   StepTimes times_;
   Trace* trace_ = nullptr;
-  // The backend's sums come as one set; what take_sums reads of evaluation,
-  // and take_correct of training, waits here for the other call.
-  double comm_wait_ = 0, loss_ = 0, correct_ = 0, eval_correct_ = 0;
+  Sums sums_;  // not taken yet: the host's counts, and what the backend handed over early
 };
 
 }  // namespace ddp::train

@@ -90,7 +90,7 @@ inline TrainState run_steps(const World& w, const nn::Graph& g, const TrainState
     EXPECT_TRUE(replica.train_step(my_part(w.rank, w.size, s), 0.1).grads_finite) << "step " << s;
   TrainState after;
   replica.pull(after);
-  if (redone) *redone = replica.exact_sum()->redone_steps();
+  if (redone) *redone = int64_t(replica.take_sums().redone_steps);
   return after;
 }
 
