@@ -10,6 +10,7 @@
 #include "ddp/deterministic/shards.hpp"
 #include "ddp/nn/cpu/kernels.hpp"      // Conv, ConvReluPool, BatchNorm, Linear, CpuDevice
 #include "ddp/nn/cpu/packed_gemm.hpp"  // PackedMatrix, kPackedGemm, kFixedPointGemm
+#include "sharded_batch.hpp"
 
 namespace ddp::deterministic {
 
@@ -19,20 +20,6 @@ using nn::ThreadPool;
 namespace cpu = nn::cpu;
 
 namespace {
-
-// Sets a member for the length of a call, whatever way it leaves.
-template <typename T>
-class Scoped {
- public:
-  Scoped(T& member, T value) : member_(member), saved_(member) { member_ = value; }
-  ~Scoped() { member_ = saved_; }
-  Scoped(const Scoped&) = delete;
-  Scoped& operator=(const Scoped&) = delete;
-
- private:
-  T& member_;
-  T saved_;
-};
 
 // Micro-shards share what they would each make of the weights: made by
 // begin_shards, on the pool, the same values each shard would make itself.
@@ -187,20 +174,10 @@ class LaneLinear final : public cpu::Linear, public LaneKernel {
 
 // Every sum taken shard by shard and the shards' sums added in shard order
 // (over every rank with ShardStats).
-class ShardBatchNorm final : public cpu::BatchNorm, public ShardedBatchKernel {
+class ShardBatchNorm final : public ShardedBatch<cpu::BatchNorm> {
  public:
   ShardBatchNorm(const Op& op, ThreadPool* pool, nn::StatsReducer* stats)
-      : BatchNorm(op, pool, stats), shard_stats_(shard_stats(stats, op.name)) {}
-  void forward_shards(const OpArgs& a, int shard) override {
-    Scoped<int> in(shard_, shard);
-    forward(a);
-  }
-  void backward_shards(const OpArgs& a, const float* dy, const std::vector<float*>& dx, int shard,
-                       const std::function<void()>& take) override {
-    Scoped<int> in(shard_, shard);
-    Scoped<const std::function<void()>*> taking(take_, &take);
-    backward(a, dy, dx);
-  }
+      : ShardedBatch(op, pool, stats), shard_stats_(shard_stats(stats, op.name)) {}
 
  private:
   void channel_sums(const OpArgs& a, size_t width, const RunSum& sum, double* out, const std::string& what,
@@ -219,8 +196,6 @@ class ShardBatchNorm final : public cpu::BatchNorm, public ShardedBatchKernel {
       sum_in_shard_order(per_shard_.data(), size_t(n), width, out);
   }
   ShardStats* shard_stats_;
-  int shard_ = 0;
-  const std::function<void()>* take_ = nullptr;
   std::vector<double> per_shard_;  // each micro-shard's sums
 };
 

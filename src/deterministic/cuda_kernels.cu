@@ -11,12 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "ddp/core/error.hpp"            // DDP_CHECK
+#include "ddp/core/error.hpp"
+#include "ddp/core/scoped.hpp"  // Scoped            // DDP_CHECK
 #include "ddp/deterministic/devices.hpp"
 #include "ddp/deterministic/shards.hpp"
 #include "ddp/nn/cuda/device.hpp"        // CudaDevice
 #include "ddp/nn/cuda/kernels.hpp"       // CudaBatchNorm, CudaConvReluPool
 #include "ddp/runtime/cuda_check.hpp"    // DDP_CUDA_CHECK, DDP_CUDA_CHECK_LAUNCH
+#include "sharded_batch.hpp"
 
 namespace ddp::deterministic {
 
@@ -36,20 +38,6 @@ __global__ void bn_sum_shards_kernel(int shards, int width, const double* __rest
   }
 }
 
-// Sets a member for the length of a call, whatever way it leaves.
-template <typename T>
-class Scoped {
- public:
-  Scoped(T& member, T value) : member_(member), saved_(member) { member_ = value; }
-  ~Scoped() { member_ = saved_; }
-  Scoped(const Scoped&) = delete;
-  Scoped& operator=(const Scoped&) = delete;
-
- private:
-  T& member_;
-  T saved_;
-};
-
 // The whole batch's conv outputs are sized before its micro-shards run,
 // each at its first image's place.
 class LaneConvReluPoolCuda final : public nn::CudaConvReluPool, public LaneKernel {
@@ -67,22 +55,12 @@ class LaneConvReluPoolCuda final : public nn::CudaConvReluPool, public LaneKerne
 // Every sum taken micro-shard by micro-shard into a buffer of its own, and
 // the shards' sums added in shard order: on the device, or over every rank
 // through the host (ShardStats).
-class ShardBatchNormCuda final : public nn::CudaBatchNorm, public ShardedBatchKernel {
+class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
  public:
   ShardBatchNormCuda(const Op& op, cuda::Context& ctx, nn::StatsReducer* stats)
-      : CudaBatchNorm(op, ctx, stats), shard_stats_(shard_stats(stats, op.name)) {}
+      : ShardedBatch(op, ctx, stats), shard_stats_(shard_stats(stats, op.name)) {}
   ~ShardBatchNormCuda() override {
     if (per_shard_) cudaFreeAsync(per_shard_, ctx_.compute());
-  }
-  void forward_shards(const OpArgs& a, int shard) override {
-    Scoped<int> in(shard_, shard);
-    forward(a);
-  }
-  void backward_shards(const OpArgs& a, const float* dy, const std::vector<float*>& dx, int shard,
-                       const std::function<void()>& take) override {
-    Scoped<int> in(shard_, shard);
-    Scoped<const std::function<void()>*> taking(take_, &take);
-    backward(a, dy, dx);
   }
 
  private:
@@ -129,8 +107,6 @@ class ShardBatchNormCuda final : public nn::CudaBatchNorm, public ShardedBatchKe
         cudaMemcpyAsync(sums_, host_out_.data(), sizeof(double) * width, cudaMemcpyHostToDevice, ctx_.compute()));
   }
   ShardStats* shard_stats_;
-  int shard_ = 0;
-  const std::function<void()>* take_ = nullptr;
   double* per_shard_ = nullptr;  // device: each micro-shard's sums
   size_t per_shard_size_ = 0;
   std::vector<double> host_, host_out_;  // the sums on their way through the host

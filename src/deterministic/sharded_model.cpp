@@ -5,30 +5,13 @@
 #include <algorithm>
 
 #include "ddp/core/error.hpp"
+#include "ddp/core/scoped.hpp"  // Scoped
 
 namespace ddp::deterministic {
 
 using nn::Mode;
 using nn::OpArgs;
 using nn::OpKind;
-
-namespace {
-
-// Sets a member for the length of a call, whatever way it leaves.
-template <typename T>
-class Scoped {
- public:
-  Scoped(T& member, T value) : member_(member), saved_(member) { member_ = value; }
-  ~Scoped() { member_ = saved_; }
-  Scoped(const Scoped&) = delete;
-  Scoped& operator=(const Scoped&) = delete;
-
- private:
-  T& member_;
-  T saved_;
-};
-
-}  // namespace
 
 ShardedModel::ShardedModel(nn::Graph graph, nn::Device& device, nn::StatsReducer* stats)
     : Model(std::move(graph), device, stats), lanes_(dynamic_cast<Lanes*>(&device)) {
