@@ -85,7 +85,7 @@ class CudaExactGradientSum final : public ExactGradientSum {
     if (max_bits_) cudaFreeAsync(max_bits_, ctx_.compute());
   }
 
-  // Note [lanes] (nn/device.hpp): a GPU runs its micro-shards one after
+  // Note [lanes] (deterministic/shards.hpp): a GPU runs its micro-shards one after
   // another on the compute stream.
   void set_lanes(int lanes) override {
     DDP_CHECK(lanes == 1, "--deterministic: a GPU adds its micro-shards on one lane, not ", lanes);

@@ -137,7 +137,7 @@ std::unique_ptr<Replica> make_replica(const World& world, const Config& cfg, con
 #endif
   } else {
     // --deterministic runs each micro-shard on one of the threads (Note
-    // [lanes] in nn/device.hpp), so every thread is used at any world size.
+    // [lanes] in deterministic/shards.hpp), so every thread is used at any world size.
     backend = make_cpu_backend(watchdog ? watchdog->watch(std::move(host_comm)) : std::move(host_comm));
   }
   DDP_CHECK(backend, "--device ", place.device, ": not in this build");

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "ddp/checkpoint/checkpoint.hpp"
 #include "run_outputs.hpp"
@@ -27,12 +28,22 @@ class Deterministic : public ::testing::Test {
   std::string dir_;
 };
 
+// Each epoch's steps computed again (metrics' redone_steps), as every rank
+// decides alike.
+std::vector<int64_t> redone_steps(const std::string& metrics) {
+  std::vector<int64_t> out;
+  for (const std::string& line : lines_of(read_text(metrics)))
+    out.push_back(nlohmann::json::parse(line).at("redone_steps").get<int64_t>());
+  return out;
+}
+
 TEST_F(Deterministic, LeNetIsBitwiseTheSameAtOneTwoAndFourRanks) {
   nlohmann::json first;
+  std::vector<int64_t> first_redone;
   for (int np : {1, 2, 4}) {
     SCOPED_TRACE("np " + std::to_string(np));
     const std::string out = path("np" + std::to_string(np));
-    auto r = run_ddp_train(np, kRecipe + " --epochs 12 --output-model " + out);
+    auto r = run_ddp_train(np, kRecipe + " --epochs 12 --output-model " + out + " --metrics-out " + out + ".jsonl");
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find("deterministic: 16 micro-shards of 8 samples per step"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("bitwise the same at world sizes 1, 2, 4, 8 and 16"), std::string::npos) << r.out;
@@ -40,12 +51,16 @@ TEST_F(Deterministic, LeNetIsBitwiseTheSameAtOneTwoAndFourRanks) {
     ASSERT_FALSE(s.is_null()) << r.out;
     // It learns (the d2l recipe reaches ~0.72 here in 12 epochs)...
     EXPECT_GT(s["test_acc"].get<double>(), 0.6);
+    const std::vector<int64_t> redone = redone_steps(out + ".jsonl");
+    ASSERT_EQ(redone.size(), 12u);
     if (np == 1) {
       first = s;
+      first_redone = redone;
       continue;
     }
-    // ...the same parameters to the bit, and the same loss.
+    // ...the same parameters to the bit, the same loss, the same steps redone.
     expect_bitwise_equal(checkpoint::read_safetensors(path("np1")), checkpoint::read_safetensors(out));
+    EXPECT_EQ(redone, first_redone);
     EXPECT_EQ(s["train_loss"].get<double>(), first["train_loss"].get<double>());
     EXPECT_EQ(s["train_acc"].get<double>(), first["train_acc"].get<double>());
   }
@@ -53,7 +68,7 @@ TEST_F(Deterministic, LeNetIsBitwiseTheSameAtOneTwoAndFourRanks) {
 
 // ResNet-18 with SyncBatchNorm: its statistics over the global batch, every
 // rank's micro-shards summed in shard order (Note [micro-shards],
-// nn/device.hpp). A short run: 2 epochs of 3 steps, 8 micro-shards of 4; the
+// deterministic/shards.hpp). A short run: 2 epochs of 3 steps, 8 micro-shards of 4; the
 // -np 2 run's checkpoint after step 4 (mid-epoch) resumed at -np 4.
 TEST_F(Deterministic, ResNet18WithSyncBatchNormIsBitwiseTheSameAtOneTwoAndFourRanksAndAcrossAResume) {
   const std::string args = std::string("--model resnet18 --data-dir ") + DDP_DATA_DIR +

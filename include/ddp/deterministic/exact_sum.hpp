@@ -62,7 +62,7 @@ using fixed_point::quantize_add;
 // g[i] = acc[i] * 2^-exponent, rounded to float.
 void dequantize(const int64_t* acc, size_t n, int exponent, float* g);
 
-// Note [micro-shards] (nn/device.hpp): out[i] = value i of every rank's
+// Note [micro-shards] (deterministic/shards.hpp): out[i] = value i of every rank's
 // `shards` runs of n values (per_shard, shard-major), added in double in
 // global shard order: rank 0's shards first, as the contiguous sampler lays
 // the micro-shards out. The same doubles in the same order at any world size,
@@ -83,7 +83,7 @@ class ExactGradientSum {
 
   // Before a step's first micro-shard: empties the sums.
   void begin_step() { clear_sums(); }
-  // Note [lanes] (nn/device.hpp): up to `lanes` callers may add at once,
+  // Note [lanes] (deterministic/shards.hpp): up to `lanes` callers may add at once,
   // each with a lane of its own. Lanes other than 0 sum into integers of
   // their own, folded into the step's sums per run of parameters: integer
   // sums, so which lane took which micro-shard changes nothing.

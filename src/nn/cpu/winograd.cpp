@@ -67,7 +67,7 @@ constexpr int64_t kWinogradMinColumns4 = 128;
 constexpr int64_t kWinogradMinCallColumns = 64;
 constexpr int64_t kWinogradTile4Columns = 96;
 
-// Micro-shards that share one transform of the kernels (Kernel::begin_shards,
+// Micro-shards that share one transform of the kernels (LaneKernel::begin_shards,
 // nn/cpu/device.cpp) pay the forward's and the input gradient's weight
 // transforms once per op, not per call; only the weight gradient's remain.
 // That moves the break-even down to 32 blocks (winograd_applies_to_shards;

@@ -170,7 +170,7 @@ TEST(ExactGradientSum, TheSumDoesNotDependOnTheOrderOfTheShards) {
   EXPECT_NE(f, b);
 }
 
-// Note [lanes] (nn/device.hpp): micro-shards added from several threads at
+// Note [lanes] (deterministic/shards.hpp): micro-shards added from several threads at
 // once, each on a lane of its own and op by op (params 0-1, then 2), by add
 // or converted into the lane's sinks (Note [fixed-point epilogue]), fold
 // into the same sums as one lane adding all of them, and a lane that

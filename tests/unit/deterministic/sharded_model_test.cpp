@@ -177,7 +177,7 @@ TEST(ShardedModel, MicroShardsOnLanesComputeWhatTheWholeBatchDoes) {
 }
 
 // A convolution whose micro-shards take Winograd's path only because they
-// share one transform of the kernels (Kernel::begin_shards): 16 channels on
+// share one transform of the kernels (LaneKernel::begin_shards): 16 channels on
 // 4x4 images, micro-shards of 8 (32 2x2 blocks: winograd_applies_to_shards,
 // not winograd_applies), their weight gradients by im2col's path
 // (shard_weight_grad_by_im2col). Each micro-shard's logits and gradients are

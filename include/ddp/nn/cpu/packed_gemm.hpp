@@ -2,13 +2,13 @@
 // weights, is packed once and B changes call by call.
 //
 // Note [packed weights]: --deterministic cuts every batch into micro-shards
-// (Note [micro-shards] in device.hpp) and runs each layer once per shard:
+// (Note [micro-shards] in deterministic/shards.hpp) and runs each layer once per shard:
 // ResNet-18's last block multiplies its 512 x 512 Winograd planes (or
 // 512 x 4608 im2col weights) by 32 to 128 columns a shard. OpenBLAS copies
 // (packs) the weight operand on every call, so the same weights were packed
 // 16 times a step, from memory each time (measurements: bench/RESULTS.md,
 // "Packed weights for micro-shards"). Here the micro-shards of one step
-// share one packing of the weights, made by Kernel::begin_shards, and each
+// share one packing of the weights, made by LaneKernel::begin_shards, and each
 // call packs only its own (small) B.
 //
 // A is packed into panels of kRows rows: for every k, the panel's kRows
@@ -19,7 +19,7 @@
 // wherever its column sits among the others: no edge case takes another
 // order (tests: packed_gemm_test.cpp). That is what lets a lane take all its
 // micro-shards of a convolution in one call (Note [shard runs] in
-// device.hpp).
+// deterministic/shards.hpp).
 //
 // The kernel is AVX-512 (core/simd.hpp); kPackedGemm says whether this build
 // has it. Without it callers keep OpenBLAS.
