@@ -233,7 +233,6 @@ ExactGradientSum::Result ExactGradientSum::finish(comm::Communicator& comm, floa
   if (!fits) {
     drop_reduces();
     next_exponents();
-    ++redone_;
     return Result::Redo;
   }
   reduce_all(comm);

@@ -125,7 +125,6 @@ class ExactGradientSum {
 
   // What one rank sends per step: the sums and the maxima.
   int64_t bytes_per_step() const { return int64_t(total_ * sizeof(int64_t) + numels_.size() * sizeof(double)); }
-  int64_t redone_steps() const { return redone_; }
 
  protected:
   // param_numels in flat order; shards: micro-shards of the global batch,
@@ -162,7 +161,6 @@ class ExactGradientSum {
   std::vector<int64_t> exponents_;
 
  private:
-  int64_t redone_ = 0;
   // Note [overlapped sums]: the sums in flight, in the order started, and
   // which params' sums have started this step.
   std::vector<std::shared_ptr<comm::Work>> inflight_;
