@@ -44,7 +44,7 @@ void sum_shards_in_order(comm::Communicator& comm, const double* per_shard, int 
 }
 
 ExactGradientSum::ExactGradientSum(std::vector<size_t> param_numels, int shards)
-    : numels_(std::move(param_numels)), shards_(shards), limit_bits_(fixed_point_limit_bits(shards)) {
+    : numels_(std::move(param_numels)), limit_bits_(fixed_point_limit_bits(shards)) {
   for (size_t n : numels_) {
     offsets_.push_back(total_);
     total_ += n;

@@ -157,7 +157,7 @@ class ExactGradientSum {
 
   std::vector<size_t> numels_, offsets_;
   size_t total_ = 0;
-  int shards_, limit_bits_;
+  int limit_bits_;
   std::vector<int64_t> exponents_;
 
  private:
