@@ -13,9 +13,14 @@ On the CPU it runs gloo; with --device cuda, NCCL with one GPU per rank
 d2l does. --synthetic N trains on N random images instead of files: for
 timing, where the values do not matter but the sizes do.
 
+On GPUs PyTorch's own switches: --tf32 on|off (torch.backends.cudnn.allow_tf32
+and cuda.matmul.allow_tf32; PyTorch's defaults are on for convolutions, off
+for matmuls), --channels-last (the model and each batch in
+torch.channels_last) and --cudnn-benchmark.
+
 Usage: torch_ddp.py [--model lenet|resnet18] --world-size W (--data-dir DIR | --synthetic N)
                     [--train-limit N] [--device cpu|cuda] --epochs E --batch-size B --lr LR
-                    [--seed S] [--each-epoch]
+                    [--seed S] [--each-epoch] [--tf32 on|off] [--channels-last] [--cudnn-benchmark]
 """
 import argparse
 import gzip
@@ -68,7 +73,13 @@ def worker(rank, args, port):
     torch.manual_seed(args.seed)
     if cuda:
         torch.cuda.set_device(rank)
-        model = nn.parallel.DistributedDataParallel(MODELS[args.model]().cuda(), device_ids=[rank])
+        if args.tf32:
+            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = args.tf32 == "on"
+        torch.backends.cudnn.benchmark = args.cudnn_benchmark
+        net = MODELS[args.model]().cuda()
+        if args.channels_last:
+            net = net.to(memory_format=torch.channels_last)
+        model = nn.parallel.DistributedDataParallel(net, device_ids=[rank])
     else:
         model = nn.parallel.DistributedDataParallel(MODELS[args.model]())
     dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -112,6 +123,8 @@ def worker(rank, args, port):
         for s in range(steps):
             sel = idx[s * b:(s + 1) * b]
             xb, yb = x[sel].to(dev, non_blocking=True), y[sel].to(dev, non_blocking=True)
+            if args.channels_last:
+                xb = xb.contiguous(memory_format=torch.channels_last)
             opt.zero_grad()
             with torch.autocast(dev.type, dtype=half, enabled=half is not None):
                 loss = loss_fn(model(xb), yb)
@@ -140,6 +153,8 @@ def worker(rank, args, port):
     if rank == 0:
         print(json.dumps({"event": "summary", "impl": "pytorch-ddp-" + ("nccl" if cuda else "gloo"), "model": args.model,
                           "torch": torch.__version__, "device": args.device, "precision": args.precision,
+                          "tf32": args.tf32 or "default", "channels_last": args.channels_last,
+                          "cudnn_benchmark": args.cudnn_benchmark,
                           "world_size": args.world_size, "epochs": args.epochs,
                           "test_acc": test_acc, "train_loss": train_loss,
                           "epoch_sec_median": statistics.median(secs),
@@ -161,6 +176,9 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     p.add_argument("--port", type=int, default=29533)
+    p.add_argument("--tf32", choices=["on", "off"], help="GPUs: TF32 for convolutions and matmuls (default: PyTorch's)")
+    p.add_argument("--channels-last", action="store_true", help="GPUs: the model and batches channels-last")
+    p.add_argument("--cudnn-benchmark", action="store_true", help="GPUs: torch.backends.cudnn.benchmark")
     p.add_argument("--each-epoch", action="store_true",
                    help="also evaluate after every epoch and print an epoch line")
     args = p.parse_args()

@@ -15,8 +15,10 @@
 #   scripts/gpu-check.sh learn [DIR] [OUT] there: GpuTraining's learning
 #       tests (24 training runs), in a device call of their own.
 #   scripts/gpu-check.sh bench [DIR] [OUT] there: bench/compare_pytorch_gpu.sh
-#       for LeNet and ResNet-18 in fp32, bf16 and fp16 against the machine's
-#       PyTorch, into OUT/bench.txt.
+#       for ResNet-18 and LeNet, each precision against PyTorch's like
+#       (fp32 against TF32 off, tf32 against its default, bf16 and fp16
+#       against autocast + channels_last + cudnn.benchmark), on 20480
+#       synthetic images (DDP_BENCH_IMAGES), into OUT/bench.txt.
 #
 # The test binaries carry the absolute paths they were built with (the
 # ddp_train they start, the data, mpiexec); `run` makes those paths lead to
@@ -71,11 +73,13 @@ run | learn | bench)
   step=${GPU_CHECK_STEP_S:-300}
   if [[ $mode == bench ]]; then
     # Within a device call's 10 minutes: ResNet-18 over fewer epochs.
-    # GPU_BENCH: model:precision:reps:epochs, most wanted first.
-    for spec in ${GPU_BENCH:-lenet:fp32:3:5 resnet18:fp32:2:2 lenet:bf16:3:5 resnet18:bf16:2:2 lenet:fp16:3:5 resnet18:fp16:2:2}; do
-      IFS=: read -r model p reps epochs <<<"$spec"
-      DDP_TRAIN=$dir/bin/ddp_train timeout -k 10 "$step" "$root/bench/compare_pytorch_gpu.sh" --model "$model" \
-        --precision "$p" "$reps" "$epochs" >>"$out/bench.txt" 2>&1 || echo "bench $model $p failed ($?)" >>"$out/bench.txt"
+    # GPU_BENCH: model:precision:reps:epochs[:our flag], most wanted first
+    # (compare_pytorch_gpu.sh's pairs: each precision against PyTorch's like).
+    for spec in ${GPU_BENCH:-resnet18:fp32:2:2 resnet18:tf32:2:2 resnet18:tf32:2:2:--cudnn-benchmark resnet18:bf16:2:2 lenet:fp32:3:5 lenet:tf32:3:5 resnet18:fp16:2:2 lenet:bf16:3:5}; do
+      IFS=: read -r model p reps epochs flag <<<"$spec"
+      DDP_BENCH_IMAGES=${DDP_BENCH_IMAGES:-20480} DDP_TRAIN=$dir/bin/ddp_train timeout -k 10 "$step" \
+        "$root/bench/compare_pytorch_gpu.sh" --model "$model" --precision "$p" --ours "${flag:-}" "$reps" "$epochs" >>"$out/bench.txt" 2>&1 \
+        || echo "bench $model $p ${flag:-} failed ($?)" >>"$out/bench.txt"
     done
     cat "$out/bench.txt"
     exit 0

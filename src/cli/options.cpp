@@ -94,8 +94,8 @@ void validate(const train::Config& c, int world_size) {
     usage(per_rank % c.accumulate == 0, "--accumulate ", c.accumulate, " must divide the ", per_rank,
           " samples each rank takes per step (--batch-size ", c.batch_size, " over ", world_size, " ranks)");
   }
-  usage(c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
-        "--precision must be fp32, bf16 or fp16, got '", c.precision, "'");
+  usage(c.precision == "fp32" || c.precision == "tf32" || c.precision == "bf16" || c.precision == "fp16",
+        "--precision must be fp32, tf32, bf16 or fp16, got '", c.precision, "'");
   range("init-scale", c.init_scale, 0x1p-24, 0x1p120);
   range("growth-interval", c.growth_interval, int64_t(1), int64_t(1) << 40, " steps");
   usage(c.grad_compression == "none" || c.grad_compression == "fp16" || c.grad_compression == "bf16",
@@ -210,8 +210,8 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     ("scale-lr", "linear scaling rule: lr x global batch / 256", cxxopts::value(c.scale_lr))
     ("accumulate", "micro-batches per optimizer step; only the last all-reduces (default 1)", text())
     ("clip-grad-norm", "clip the global gradient L2 norm to X after the all-reduce (default 0: off)", text())
-    ("precision", "fp32, bf16 or fp16: what convolutions and linear layers compute in (autocast); on CPUs "
-      "bf16 and fp16 are rounded, not faster",
+    ("precision", "fp32, tf32, bf16 or fp16: what convolutions and linear layers compute in (tf32: GPU "
+      "tensor cores, fp32 on CPUs; bf16, fp16: autocast, on CPUs rounded, not faster)",
          cxxopts::value(c.precision)->default_value(c.precision))
     ("init-scale", "fp16: the loss scaler's first scale (default 65536, GradScaler's init_scale)", text())
     ("growth-interval", "fp16: good steps after which the loss scale doubles (default 2000)", text())
@@ -224,6 +224,9 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     ("no-overlap", "all-reduce every bucket after backward instead of during it", cxxopts::value<bool>())
     ("sync-bn", "BatchNorm statistics over all ranks' batches (SyncBatchNorm), not each rank's own",
          cxxopts::value(c.sync_bn))
+    ("cudnn-benchmark", "GPUs: time cuDNN's convolution algorithms once per geometry and run the fastest "
+                        "(a deterministic one within 5% of it), as torch.backends.cudnn.benchmark",
+         cxxopts::value(c.cudnn_benchmark))
     ("deterministic", "bitwise the same training at every world size that divides --deterministic-shards, "
                       "and on resume at another one (CPU)", cxxopts::value<bool>())
     ("deterministic-shards", "K: --deterministic's micro-shards per global batch; world sizes must divide it "

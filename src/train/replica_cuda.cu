@@ -91,6 +91,7 @@ class CudaBackend final : public Backend, public ExactBackend {
       : info_(cuda::set_device(gpu)), threads_(world.threads) {
     const std::string backend = check_gpus_distinct(*host_comm, world, info_, cfg.backend);
     ctx_ = std::make_unique<cuda::Context>(gpu);
+    ctx_->set_benchmark(cfg.cudnn_benchmark);
     if (backend == "nccl") {
       comm_ = comm::make_nccl_communicator(world, *ctx_, std::chrono::milliseconds(
                                                              static_cast<int64_t>(cfg.preflight_timeout_sec * 1000)),

@@ -74,7 +74,16 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
   if (cfg.scale_lr)
     out << " (--scale-lr: " << cfg.lr << " x global batch " << cfg.batch_size << " / 256)";
   if (cfg.grad_compression != "none") out << "; gradients all-reduced as " << cfg.grad_compression;
-  if (cfg.precision != "fp32") {
+  if (ranks[0].device != std::string("cpu"))
+    out << "\nddp_train: convolution algorithms: "
+        << (cfg.cudnn_benchmark ? "timed once per geometry (--cudnn-benchmark), the fastest, or a deterministic one "
+                                  "within 5% of it"
+                                : "cuDNN's heuristics' first deterministic one");
+  if (cfg.precision == "tf32") {
+    out << "\nddp_train: precision tf32: convolutions and linear layers multiply on TF32 tensor cores (mantissas cut "
+           "to 10 bits) and accumulate in fp32; everything else fp32"
+        << (ranks[0].device == std::string("cpu") ? "; CPUs have no TF32: fp32 there" : "");
+  } else if (cfg.precision != "fp32") {
     out << "\nddp_train: precision " << cfg.precision
         << ": convolutions and linear layers take their inputs, weights and output gradients in "
         << cfg.precision << " and accumulate in fp32 (autocast); master weights, optimizer, BatchNorm and loss fp32";

@@ -150,6 +150,26 @@ TEST_F(GpuTraining, Bf16AndFp16LearnAsFp32) {
   }
 }
 
+// --precision tf32 (Note [tf32]) and --cudnn-benchmark (Note [measured
+// algorithms]) on a GPU, alone and together: each says so in the start-up
+// lines, and LeNet's d2l recipe clears fp32's bar (GpuTraining.Bf16And...).
+TEST_F(GpuTraining, Tf32AndTimedAlgorithmsLearnTheD2lRecipe) {
+  for (const std::string flags : {"--precision tf32", "--cudnn-benchmark", "--precision tf32 --cudnn-benchmark"}) {
+    SCOPED_TRACE(flags);
+    auto r = run_ddp_train(1, kRecipe + " --device cuda --backend nccl " + flags);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const bool tf32 = flags.find("tf32") != std::string::npos, timed = flags.find("benchmark") != std::string::npos;
+    EXPECT_EQ(r.out.find("ddp_train: precision tf32: convolutions and linear layers multiply on TF32 tensor cores") !=
+                  std::string::npos,
+              tf32)
+        << r.out;
+    EXPECT_EQ(r.out.find("convolution algorithms: timed once per geometry") != std::string::npos, timed) << r.out;
+    const auto s = summary_of(r);
+    ASSERT_FALSE(s.is_null()) << r.out;
+    EXPECT_GE(s["test_acc"].get<double>(), 0.70);
+  }
+}
+
 // --grad-compression on GPU ranks: NCCL's ncclFloat16/ncclBfloat16 sums
 // where each rank has a GPU of its own, else the staged mpi backend's 16-bit
 // MPI sum on ranks sharing one; half the bytes a step, and d2l's recipe at

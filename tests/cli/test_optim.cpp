@@ -229,11 +229,28 @@ TEST_F(OptimizerResume, AnotherPrecisionIsRefusedNamingBoth) {
   EXPECT_EQ(checkpoint::list_checkpoints(path("ck")).size(), 1u);  // nothing saved was lost
 }
 
+// Note [tf32]: on CPUs --precision tf32 is fp32, bit for bit, and says so.
+TEST(Precision, Tf32OnTheCpuIsFp32AndSaysSo) {
+  const std::string dir = make_temp_dir();
+  const std::string args = kData + " --epochs 1 --seed 4 --output-model " + dir;
+  const auto tf32 = run_ddp_train(1, args + "/tf32.safetensors --precision tf32");
+  ASSERT_EQ(tf32.status, 0) << tf32.err;
+  EXPECT_NE(tf32.out.find("ddp_train: precision tf32: convolutions and linear layers multiply on TF32 tensor cores"),
+            std::string::npos)
+      << tf32.out;
+  EXPECT_NE(tf32.out.find("; CPUs have no TF32: fp32 there"), std::string::npos) << tf32.out;
+  const auto fp32 = run_ddp_train(1, args + "/fp32.safetensors");
+  ASSERT_EQ(fp32.status, 0) << fp32.err;
+  expect_bitwise_equal(checkpoint::read_safetensors(dir + "/fp32.safetensors"),
+                       checkpoint::read_safetensors(dir + "/tf32.safetensors"));
+  remove_tree(dir);
+}
+
 TEST(Precision, LossScalerFlagsNeedFp16) {
   expect_failure(run_ddp_train(1, "--precision bf16 --init-scale 1024"),
                  "--init-scale and --growth-interval set --precision fp16's loss scaler; add --precision fp16");
   expect_failure(run_ddp_train(1, "--precision fp16 --growth-interval 0"), "--growth-interval 0 is out of range");
-  expect_failure(run_ddp_train(1, "--precision fp8"), "--precision must be fp32, bf16 or fp16, got 'fp8'");
+  expect_failure(run_ddp_train(1, "--precision fp8"), "--precision must be fp32, tf32, bf16 or fp16, got 'fp8'");
 }
 
 }  // namespace

@@ -1,6 +1,15 @@
 // ddp::nn::Precision: what --precision computes convolutions and linear
 // layers in.
 //
+// Note [tf32]: --precision tf32 is PyTorch's default for convolutions on
+// Ampere and newer GPUs (cudnn.allow_tf32), and what
+// torch.backends.cuda.matmul.allow_tf32 gives GEMMs: the products of fp32
+// operands are taken on tensor cores with the operands' mantissas cut to 10
+// bits, and accumulated in fp32; inputs, outputs and gradients stay fp32.
+// That rounding is inside the GPU's kernels, so Model rounds nothing around
+// them; a CPU has no TF32 arithmetic, and runs fp32 (as PyTorch's CPU
+// kernels do under allow_tf32).
+//
 // Note [mixed precision]: PyTorch's autocast, the part of it a model of
 // convolutions and linear layers meets. In bf16 or fp16 a Conv2d, a fused
 // conv-relu-pool or a Linear takes its input, its weight and its bias rounded
@@ -25,15 +34,19 @@
 
 namespace ddp::nn {
 
-enum class Precision { F32, BF16, F16 };
+enum class Precision { F32, TF32, BF16, F16 };
 
-const char* to_string(Precision p);  // "fp32", "bf16", "fp16"
-// "fp32", "bf16" or "fp16"; throws ddp::Error naming anything else.
+const char* to_string(Precision p);  // "fp32", "tf32", "bf16", "fp16"
+// "fp32", "tf32", "bf16" or "fp16"; throws ddp::Error naming anything else.
 Precision parse_precision(const std::string& s);
+
+// Whether p is a 16-bit format (Note [mixed precision]: values rounded to
+// it around the ops); fp32 and TF32 (Note [tf32]) keep fp32 values.
+DDP_HOST_DEVICE inline bool is_half(Precision p) { return p == Precision::BF16 || p == Precision::F16; }
 
 // x in p's 16-bit format (bf16 or fp16; ties to even, beyond fp16's range
 // an infinity, NaN a NaN), and back: what the GPU's half kernels read and
-// write (Note [half kernels], src/nn/cuda/half.cu). p is not fp32.
+// write (Note [half kernels], src/nn/cuda/half.cu). p is_half.
 DDP_HOST_DEVICE inline uint16_t to_half_bits(Precision p, float x) {
   return p == Precision::BF16 ? float_to_bf16(x) : float_to_fp16(x);
 }
@@ -42,9 +55,9 @@ DDP_HOST_DEVICE inline float half_bits_to_float(Precision p, uint16_t h) {
 }
 
 // x rounded to the nearest value of p's format, as a float (x itself for
-// fp32).
+// fp32 and TF32, whose values are fp32).
 DDP_HOST_DEVICE inline float round_to(Precision p, float x) {
-  return p == Precision::F32 ? x : half_bits_to_float(p, to_half_bits(p, x));
+  return is_half(p) ? half_bits_to_float(p, to_half_bits(p, x)) : x;
 }
 
 // Note [half kernels] (src/nn/cuda/half.cu): element i of an NCHW output of

@@ -15,8 +15,10 @@
 #include <cudnn.h>
 
 #include <cstddef>
+#include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace ddp::cuda {
 
@@ -76,6 +78,13 @@ class Context {
   void set_deterministic(bool on) { deterministic_ = on; }
   bool deterministic() const { return deterministic_; }
 
+  // --cudnn-benchmark (Note [measured algorithms], nn/cuda/conv_algo.hpp):
+  // convolution algorithms chosen by timing them, and the choices made so
+  // far, by geometry (each convolution's three algorithms and math types).
+  void set_benchmark(bool on) { benchmark_ = on; }
+  bool benchmark() const { return benchmark_; }
+  std::map<std::string, std::vector<int>>& timed_algorithms() { return timed_; }
+
  private:
   int device_;
   cudaStream_t compute_ = nullptr, copy_ = nullptr, comm_ = nullptr;
@@ -89,6 +98,8 @@ class Context {
   Scratch workspace_, staging_;
   std::set<std::string> warned_;
   bool deterministic_ = false;
+  bool benchmark_ = false;
+  std::map<std::string, std::vector<int>> timed_;
 };
 
 // A device buffer of floats from a Context's pool, released on destruction.

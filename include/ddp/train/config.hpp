@@ -38,6 +38,9 @@ struct Config {
   double bucket_cap_mb = 25.0;
   bool overlap = true;           // false: every all-reduce after backward (--no-overlap)
   bool sync_bn = false;          // BatchNorm statistics over all ranks (--sync-bn)
+  // GPUs: convolution algorithms chosen by timing them (Note [measured
+  // algorithms], nn/cuda/conv_algo.hpp), not by cuDNN's heuristics.
+  bool cudnn_benchmark = false;
   // --deterministic: the global batch in this many micro-shards, gradients
   // summed in fixed point, so every world size dividing it gives the same bits
   // (deterministic/exact_sum.hpp). 0: off.

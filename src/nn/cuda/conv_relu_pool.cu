@@ -53,7 +53,7 @@ void CudaConvReluPool::forward_at(const OpArgs& a, int64_t first) {
 void CudaConvReluPool::backward_at(const OpArgs& a, int64_t first, const float* dy, const std::vector<float*>& dx) {
   DDP_CHECK(fwd_batch_ == a.batch, "backward for batch ", a.batch, " after forward of batch ", fwd_batch_);
   const Precision prec = conv_op_.precision();
-  if (prec != Precision::F32) {  // d(output) in 16 bits (Note [half kernels])
+  if (is_half(prec)) {  // d(output) in 16 bits (Note [half kernels])
     const int64_t n = int64_t(a.batch) * op_.out.numel();
     dy_rounded_.reserve(ctx_, size_t(n));
     round_cuda(dy_rounded_.data(), dy, n, prec, ctx_.compute());

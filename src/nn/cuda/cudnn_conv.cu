@@ -1,19 +1,23 @@
 // The cuDNN convolution under CudaConv and CudaConvReluPool: descriptors
 // made once, algorithms chosen once per batch size.
 //
-// Note [fma math]: the convolution descriptor asks for CUDNN_FMA_MATH, not
-// CUDNN_DEFAULT_MATH: on Ampere and newer the default lets cuDNN run fp32
-// convolutions as TF32 on tensor cores (inputs rounded to 10-bit mantissas,
-// errors near 1e-3), where PyTorch's default (cudnn.allow_tf32) does. The
+// Note [fma math]: in fp32 the convolution descriptor asks for
+// CUDNN_FMA_MATH, not CUDNN_DEFAULT_MATH: on Ampere and newer the default lets
+// cuDNN run fp32 convolutions as TF32 on tensor cores (inputs rounded to
+// 10-bit mantissas, errors near 1e-3), where PyTorch's default
+// (cudnn.allow_tf32) does. --precision tf32 asks for exactly that (Note
+// [tf32] in nn/precision.hpp): CUDNN_DEFAULT_MATH, tensor-core algorithms
+// among the candidates. The
 // cuBLAS handle is pinned to fp32 the same way (CUBLAS_PEDANTIC_MATH,
 // cuda_context.cu). cuDNN's transform algorithms (FFT, Winograd) still round
 // more than a plain sum: on an H200 (2026-11-26) forward and dx agreed with the
 // CPU layers to 1e-4, and LeNet's conv2 weight gradient at batch 64 to 1.2e-3
 // of its largest (tests/unit/cuda/nn_layers_test.cpp).
 //
-// The algorithms: Note [conv algorithms] (nn/cuda/conv_algo.hpp), once per batch
-// size (a run sees few: the training batch, a last partial batch), so
-// steady-state steps never ask again.
+// The algorithms: Note [conv algorithms] (nn/cuda/conv_algo.hpp), or with
+// --cudnn-benchmark Note [measured algorithms], once per batch size (a run
+// sees few: the training batch, a last partial batch), so steady-state
+// steps never ask again.
 //
 // In bf16 or fp16 (Note [half kernels], nn/cuda/half.cu) the tensors are 16-bit,
 // the convolution accumulates in fp32 (cuDNN's PSEUDO_HALF and
@@ -42,23 +46,33 @@ cudnnDataType_t cudnn_type(Precision p) {
   }
 }
 
-// Note [fma math] in fp32; tensor cores in 16 bits.
-cudnnMathType_t default_math(Precision p) { return p == Precision::F32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH; }
+// Note [fma math] in fp32, TF32 tensor cores allowed in tf32; tensor cores
+// in 16 bits.
+cudnnMathType_t default_math(Precision p) {
+  if (p == Precision::F32) return CUDNN_FMA_MATH;
+  return p == Precision::TF32 ? CUDNN_DEFAULT_MATH : CUDNN_TENSOR_OP_MATH;
+}
 
 // The algorithm to run (Note [conv algorithms]); the fallback to a
 // non-deterministic one is said once per rank, and refused under
 // --deterministic (the caller's error names the layer). In fp32 tensor-core
-// algorithms are out (Note [fma math]); in 16 bits they are what is wanted.
+// algorithms are out (Note [fma math]); in TF32 and 16 bits they are what is
+// wanted.
+// Whether an algorithm cuDNN ranked or timed may run: it works, fits the
+// workspace cap, and in fp32 is not a tensor-op one (Note [fma math]).
+template <typename Perf>
+bool usable(const Perf& p, Precision prec) {
+  const bool tensor_ops = p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+  return p.status == CUDNN_STATUS_SUCCESS && p.memory <= kMaxWorkspace && (prec != Precision::F32 || !tensor_ops);
+}
+
 template <typename Perf>
 const Perf& pick(cuda::Context& ctx, const std::string& layer, const std::vector<Perf>& perf, int count,
                  const char* what, Precision prec) {
   std::vector<ConvAlgoCandidate> ranked(size_t(std::max(count, 0)));
   for (size_t i = 0; i < ranked.size(); ++i) {
-    const Perf& p = perf[i];
-    const bool tensor_ops = p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
-    ranked[i].usable = p.status == CUDNN_STATUS_SUCCESS && p.memory <= kMaxWorkspace &&
-                       (prec != Precision::F32 || !tensor_ops);
-    ranked[i].deterministic = p.determinism == CUDNN_DETERMINISTIC;
+    ranked[i].usable = usable(perf[i], prec);
+    ranked[i].deterministic = perf[i].determinism == CUDNN_DETERMINISTIC;
   }
   const ConvAlgoChoice choice = choose_conv_algo(ranked);
   if (choice.index < 0)
@@ -141,9 +155,9 @@ void CudnnConv::release() {
   w_desc_ = nullptr;
 }
 
-// The math type an algorithm runs with: in 16 bits the one cuDNN ranked it
-// with; in fp32 always CUDNN_FMA_MATH, never CUDNN_DEFAULT_MATH, which would
-// let an Ampere or newer GPU run it as TF32 (Note [fma math]).
+// The math type an algorithm runs with: in TF32 and 16 bits the one cuDNN
+// ranked it with; in fp32 always CUDNN_FMA_MATH, never CUDNN_DEFAULT_MATH,
+// which would let an Ampere or newer GPU run it as TF32 (Note [fma math]).
 cudnnMathType_t CudnnConv::run_math(cudnnMathType_t ranked) const {
   return precision_ == Precision::F32 ? CUDNN_FMA_MATH : ranked;
 }
@@ -163,43 +177,17 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   DDP_CHECK(n == batch && c == out_.c && h == out_.h && w == out_.w, "cuDNN's conv output ", c, "x", h, "x", w,
             " is not the layer's ", to_string(out_));
 
+  if (ctx.benchmark())
+    time_algorithms(ctx, *p, batch);
+  else
+    rank_algorithms(ctx, *p);
   cudnnHandle_t dnn = ctx.dnn();
-  int max_count = 0, count = 0;
-  DDP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(dnn, &max_count));
-  std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(size_t(std::max(max_count, 1)));
-  // Each query sees the precision's own math type (tensor cores offered in 16
-  // bits), whatever the previous algorithm left on the descriptor.
-  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
-  DDP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(dnn, p->x, w_desc_, conv_desc_, p->y, int(fwd.size()),
-                                                         &count, fwd.data()));
-  const cudnnConvolutionFwdAlgoPerf_t& f = pick(ctx, layer_, fwd, count, "forward", precision_);
-  p->fwd = f.algo;
-  p->fwd_math = run_math(f.mathType);
   DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p->fwd_math));
   DDP_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(dnn, p->x, w_desc_, conv_desc_, p->y, p->fwd,
                                                           &p->fwd_bytes));
-
-  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(dnn, &max_count));
-  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data(size_t(std::max(max_count, 1)));
-  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
-  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn, w_desc_, p->y, conv_desc_, p->x,
-                                                              int(bwd_data.size()), &count, bwd_data.data()));
-  const cudnnConvolutionBwdDataAlgoPerf_t& d = pick(ctx, layer_, bwd_data, count, "backward-data", precision_);
-  p->bwd_data = d.algo;
-  p->bwd_data_math = run_math(d.mathType);
   DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p->bwd_data_math));
   DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn, w_desc_, p->y, conv_desc_, p->x, p->bwd_data,
                                                                &p->bwd_data_bytes));
-
-  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(dnn, &max_count));
-  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter(size_t(std::max(max_count, 1)));
-  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
-  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn, p->x, p->y, conv_desc_, w_desc_,
-                                                                int(bwd_filter.size()), &count, bwd_filter.data()));
-  const cudnnConvolutionBwdFilterAlgoPerf_t& wf =
-      pick(ctx, layer_, bwd_filter, count, "backward-filter", precision_);
-  p->bwd_filter = wf.algo;
-  p->bwd_filter_math = run_math(wf.mathType);
   DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p->bwd_filter_math));
   DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn, p->x, p->y, conv_desc_, w_desc_,
                                                                  p->bwd_filter, &p->bwd_filter_bytes));
@@ -210,6 +198,107 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   Plan& ref = *p;
   plans_[batch] = std::move(p);
   return ref;
+}
+
+void CudnnConv::rank_algorithms(cuda::Context& ctx, Plan& p) {
+  cudnnHandle_t dnn = ctx.dnn();
+  int max_count = 0, count = 0;
+  DDP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(dnn, &max_count));
+  std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(size_t(std::max(max_count, 1)));
+  // Each query sees the precision's own math type (tensor cores offered in 16
+  // bits), whatever the previous algorithm left on the descriptor.
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
+  DDP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(dnn, p.x, w_desc_, conv_desc_, p.y, int(fwd.size()),
+                                                         &count, fwd.data()));
+  const cudnnConvolutionFwdAlgoPerf_t& f = pick(ctx, layer_, fwd, count, "forward", precision_);
+  p.fwd = f.algo;
+  p.fwd_math = run_math(f.mathType);
+
+  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(dnn, &max_count));
+  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> bwd_data(size_t(std::max(max_count, 1)));
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
+  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(dnn, w_desc_, p.y, conv_desc_, p.x,
+                                                              int(bwd_data.size()), &count, bwd_data.data()));
+  const cudnnConvolutionBwdDataAlgoPerf_t& d = pick(ctx, layer_, bwd_data, count, "backward-data", precision_);
+  p.bwd_data = d.algo;
+  p.bwd_data_math = run_math(d.mathType);
+
+  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(dnn, &max_count));
+  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> bwd_filter(size_t(std::max(max_count, 1)));
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
+  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(dnn, p.x, p.y, conv_desc_, w_desc_,
+                                                                int(bwd_filter.size()), &count, bwd_filter.data()));
+  const cudnnConvolutionBwdFilterAlgoPerf_t& wf =
+      pick(ctx, layer_, bwd_filter, count, "backward-filter", precision_);
+  p.bwd_filter = wf.algo;
+  p.bwd_filter_math = run_math(wf.mathType);
+}
+
+// Note [measured algorithms]: each direction's candidates run on scratch
+// operands of the plan's shapes (cuDNN times them), the choice kept in the
+// context by geometry, so a layer of a geometry timed before takes its
+// choice without running anything.
+void CudnnConv::time_algorithms(cuda::Context& ctx, Plan& p, int batch) {
+  const std::string key = conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_);
+  std::vector<int>& timed = ctx.timed_algorithms()[key];
+  if (timed.empty()) {
+    const size_t elem = is_half(precision_) ? 2 : 4;
+    const size_t nx = size_t(batch) * size_t(in_.numel()) * elem, ny = size_t(batch) * size_t(out_.numel()) * elem,
+                 nw = size_t(weight_numel()) * elem;
+    cudnnHandle_t dnn = ctx.dnn();
+    void* x = ctx.alloc(nx);
+    void* y = ctx.alloc(ny);
+    void* w = ctx.alloc(nw);
+    void* ws = ctx.alloc(kMaxWorkspace);
+    const bool deterministic = ctx.deterministic();
+    auto choose = [&](const auto& perf, int count, const char* what) {
+      std::vector<TimedAlgo> t(size_t(std::max(count, 0)));
+      for (size_t i = 0; i < t.size(); ++i)
+        t[i] = {usable(perf[i], precision_), perf[i].determinism == CUDNN_DETERMINISTIC, perf[i].time};
+      const TimedChoice c = choose_timed_algo(t, deterministic);
+      if (c.index < 0)
+        DDP_FAIL(deterministic ? "--deterministic: " : "", "cuDNN ran no usable ",
+                 deterministic ? "deterministic " : "", to_string(precision_), " ", what, " algorithm within ",
+                 kMaxWorkspace >> 20, " MiB of workspace for this geometry (", count, " candidates timed)");
+      if (!c.deterministic)
+        ctx.warn_once("cudnn-timed-nondeterministic",
+                      detail::concat("op ", layer_, ": the fastest ", what, " algorithm (", int(perf[c.index].algo),
+                                     ") is not deterministic and no deterministic one is within ",
+                                     int(kDeterministicSlack * 100), "% of it, so repeated and resumed runs may "
+                                     "differ in the last bits (--deterministic takes deterministic ones only)"));
+      return size_t(c.index);
+    };
+    int count = 0;
+    cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
+    DDP_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(dnn, p.x, x, w_desc_, w, conv_desc_, p.y, y,
+                                                           CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, fwd, ws,
+                                                           kMaxWorkspace));
+    const size_t f = choose(fwd, count, "forward");
+    // Backward data writes x's scratch, backward filter w's: nothing kept.
+    cudnnConvolutionBwdDataAlgoPerf_t bwd_data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
+    DDP_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(dnn, w_desc_, w, p.y, y, conv_desc_, p.x, x,
+                                                                CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count,
+                                                                bwd_data, ws, kMaxWorkspace));
+    const size_t d = choose(bwd_data, count, "backward-data");
+    cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
+    DDP_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(dnn, p.x, x, p.y, y, conv_desc_, w_desc_, w,
+                                                                  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
+                                                                  bwd_filter, ws, kMaxWorkspace));
+    const size_t wf = choose(bwd_filter, count, "backward-filter");
+    for (void* b : {x, y, w, ws}) ctx.free(b);
+    timed = {int(fwd[f].algo),         int(run_math(fwd[f].mathType)),
+             int(bwd_data[d].algo),    int(run_math(bwd_data[d].mathType)),
+             int(bwd_filter[wf].algo), int(run_math(bwd_filter[wf].mathType))};
+  }
+  p.fwd = cudnnConvolutionFwdAlgo_t(timed[0]);
+  p.fwd_math = cudnnMathType_t(timed[1]);
+  p.bwd_data = cudnnConvolutionBwdDataAlgo_t(timed[2]);
+  p.bwd_data_math = cudnnMathType_t(timed[3]);
+  p.bwd_filter = cudnnConvolutionBwdFilterAlgo_t(timed[4]);
+  p.bwd_filter_math = cudnnMathType_t(timed[5]);
 }
 
 void CudnnConv::run_forward(cuda::Context& ctx, const Plan& p, const void* x, const void* w, void* y) {
@@ -240,7 +329,7 @@ void CudnnConv::run_backward_data(cuda::Context& ctx, const Plan& p, const void*
 
 void CudnnConv::forward(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, float* y) {
   try {
-    if (precision_ != Precision::F32) return forward_half(ctx, batch, x, w, b, y);
+    if (is_half(precision_)) return forward_half(ctx, batch, x, w, b, y);
     const Plan& p = plan(ctx, batch);
     run_forward(ctx, p, x, w, y);
     // y += b, broadcast over batch and pixels (bias_desc_ is 1 x C x 1 x 1).
@@ -254,7 +343,7 @@ void CudnnConv::forward(cuda::Context& ctx, int batch, const float* x, const flo
 void CudnnConv::backward(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy, float* dw,
                          float* db, float* dx) {
   try {
-    if (precision_ != Precision::F32) return backward_half(ctx, batch, x, w, dy, dw, db, dx);
+    if (is_half(precision_)) return backward_half(ctx, batch, x, w, dy, dw, db, dx);
     const Plan& p = plan(ctx, batch);
     // beta = 1 adds into the gradients (Note [gradient accumulation]).
     const float one = 1.0f;

@@ -92,7 +92,7 @@ __global__ void channel_grad_kernel(int64_t images, int channels, int64_t pixels
 
 void round_cuda(float* dst, const float* src, int64_t n, Precision p, cudaStream_t stream) {
   if (n <= 0) return;
-  if (p == Precision::F32) {  // a copy, as the CPU device's
+  if (!is_half(p)) {  // a copy, as the CPU device's
     if (dst != src)
       DDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
     return;

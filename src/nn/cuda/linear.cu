@@ -1,8 +1,11 @@
 // Linear on the GPU: cuBLAS SGEMMs on the row-major tensors of nn/cpu/linear.cpp,
 // shaped by kernel_math.hpp (Note [row-major gemm]), and two small kernels
-// for the bias; in bf16 or fp16, cublasGemmEx on 16-bit copies of the
-// operands with fp32 results (Note [half kernels], nn/cuda/half.cu).
+// for the bias; in tf32 the same SGEMMs on TF32 tensor cores (Note [tf32]
+// in nn/precision.hpp); in bf16 or fp16, cublasGemmEx on 16-bit copies of
+// the operands with fp32 results (Note [half kernels], nn/cuda/half.cu).
 #include <cuda_runtime_api.h>  // cudaMemsetAsync
+
+#include <optional>
 
 #include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/core/error.hpp"          // DDP_CHECK, DDP_FAIL
@@ -38,19 +41,20 @@ auto cublas_gemm(cublasHandle_t blas) {
   };
 }
 
-// The handle's math mode while the 16-bit GEMMs run: the context pins it to
-// CUBLAS_PEDANTIC_MATH for fp32 (Note [fma math] in nn/cuda/cudnn_conv.cu), which may
-// keep cublasGemmEx off tensor cores; the default mode puts 16-bit operands
-// with fp32 accumulation on them (and has no TF32 for 16-bit inputs).
-class DefaultMath {
+// The handle's math mode while a layer's GEMMs run: the context pins it to
+// CUBLAS_PEDANTIC_MATH for fp32 (Note [fma math] in nn/cuda/cudnn_conv.cu),
+// which may keep cublasGemmEx off tensor cores. The default mode puts 16-bit
+// operands with fp32 accumulation on them (and has no TF32 for 16-bit
+// inputs); CUBLAS_TF32_TENSOR_OP_MATH puts fp32 SGEMMs on TF32 tensor cores.
+class MathMode {
  public:
-  explicit DefaultMath(cublasHandle_t blas) : blas_(blas) {
+  MathMode(cublasHandle_t blas, cublasMath_t mode) : blas_(blas) {
     DDP_CUBLAS_CHECK(cublasGetMathMode(blas_, &before_));
-    DDP_CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+    DDP_CUBLAS_CHECK(cublasSetMathMode(blas_, mode));
   }
-  ~DefaultMath() { cublasSetMathMode(blas_, before_); }
-  DefaultMath(const DefaultMath&) = delete;
-  DefaultMath& operator=(const DefaultMath&) = delete;
+  ~MathMode() { cublasSetMathMode(blas_, before_); }
+  MathMode(const MathMode&) = delete;
+  MathMode& operator=(const MathMode&) = delete;
 
  private:
   cublasHandle_t blas_;
@@ -78,7 +82,9 @@ void CudaLinear::forward(const OpArgs& a) {
     const int64_t n = int64_t(a.batch) * out_;
     fill_rows_kernel<<<cuda_grid(n), kCudaThreads, 0, ctx_.compute()>>>(a.batch, out_, precision_, a.p[1], a.y);
     DDP_CUDA_CHECK_LAUNCH(fill_rows_kernel);
-    if (precision_ != Precision::F32) return forward_half(a);
+    if (is_half(precision_)) return forward_half(a);
+    std::optional<MathMode> tf32;
+    if (precision_ == Precision::TF32) tf32.emplace(ctx_.blas(), CUBLAS_TF32_TENSOR_OP_MATH);
     kernel::linear_forward_gemm(a.batch, in_, out_, a.x[0], a.p[0], a.y, cublas_gemm(ctx_.blas()));
   } catch (const Error& e) {
     DDP_FAIL("op ", name_, ": forward: ", e.what());
@@ -88,9 +94,11 @@ void CudaLinear::forward(const OpArgs& a) {
 void CudaLinear::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
   if (a.batch <= 0) return;
   try {
-    if (precision_ != Precision::F32) return backward_half(a, dy, dx[0]);
+    if (is_half(precision_)) return backward_half(a, dy, dx[0]);
     bias_grad_kernel<<<cuda_grid(out_), kCudaThreads, 0, ctx_.compute()>>>(a.batch, out_, dy, a.dp[1]);
     DDP_CUDA_CHECK_LAUNCH(bias_grad_kernel);
+    std::optional<MathMode> tf32;
+    if (precision_ == Precision::TF32) tf32.emplace(ctx_.blas(), CUBLAS_TF32_TENSOR_OP_MATH);
     kernel::linear_backward_gemm(a.batch, in_, out_, a.x[0], a.p[0], dy, a.dp[0], dx[0], cublas_gemm(ctx_.blas()));
   } catch (const Error& e) {
     DDP_FAIL("op ", name_, ": backward: ", e.what());
@@ -108,7 +116,7 @@ void CudaLinear::forward_half(const OpArgs& a) {
   to_half_cuda(xh, a.x[0], nx, precision_, ctx_.compute());
   to_half_cuda(wh, a.p[0], nw, precision_, ctx_.compute());
   {
-    DefaultMath math(ctx_.blas());
+    MathMode math(ctx_.blas(), CUBLAS_DEFAULT_MATH);
     kernel::linear_forward_gemm(a.batch, in_, out_, xh, wh, a.y, cublas_gemm_half(ctx_.blas(), precision_));
   }
   round_cuda(a.y, a.y, ny, precision_, ctx_.compute());
@@ -137,7 +145,7 @@ void CudaLinear::backward_half(const OpArgs& a, const float* dy, float* dx) {
   if (dx) to_half_cuda(wh, a.p[0], nw, precision_, s);
   DDP_CUDA_CHECK(cudaMemsetAsync(dw, 0, size_t(nw) * sizeof(float), s));
   {
-    DefaultMath math(ctx_.blas());
+    MathMode math(ctx_.blas(), CUBLAS_DEFAULT_MATH);
     kernel::linear_backward_gemm(a.batch, in_, out_, xh, wh, dyh, dw, dx, cublas_gemm_half(ctx_.blas(), precision_));
   }
   add_rounded_cuda(a.dp[0], dw, nw, precision_, s);

@@ -1,4 +1,5 @@
-// --precision bf16|fp16 on the GPU (Note [half kernels], src/nn/cuda/half.cu):
+// --precision bf16|fp16 (and tf32) on the GPU (Note [half kernels],
+// src/nn/cuda/half.cu; Note [tf32], nn/precision.hpp):
 // cuDNN's and cuBLAS's 16-bit kernels against the CPU's fp32 kernels with
 // Model's roundings (Note [mixed precision], nn/precision.hpp).
 //  - One layer of each kind (a convolution with a bias, a strided one, the
@@ -113,7 +114,9 @@ TEST_F(CudaHalf, EachLayerIsTheCpusRoundings) {
     }
     const size_t nx = size_t(batch) * size_t(c.input.numel()), ny = size_t(batch) * size_t(g.output_shape().numel());
     const std::vector<float> x = on_grid(nx, 1, 0.5f, 1), dy = on_grid(ny, 2, 0.125f, 1);
-    for (Precision p : kHalves) {
+    // TF32 too (Note [tf32]): these values keep every bit in its 10-bit
+    // mantissas, so its tensor cores must give fp32's results exactly.
+    for (Precision p : {Precision::BF16, Precision::F16, Precision::TF32}) {
       SCOPED_TRACE(std::string(c.name) + ", " + to_string(p));
       Twins t(ctx(), g, s, p);
       Model &cpu = t.cpu, &gpu = t.gpu;

@@ -11,6 +11,7 @@
 
 #include "cpu_model.hpp"
 #include "model_util.hpp"  // small_net, normal_values
+#include "ddp/core/error.hpp"
 #include "ddp/core/rng.hpp"
 #include "ddp/nn/graph.hpp"
 #include "ddp/nn/model.hpp"
@@ -94,6 +95,32 @@ TEST(MixedPrecision, ModelRoundsConvAndLinearOperandsAsAutocastDoes) {
     const float* again = m->forward(x.data(), kBatch);
     EXPECT_EQ(std::vector<float>(again, again + kBatch * kClasses), logits32);
   }
+}
+
+// Note [tf32]: a GPU's tensor-core format; values stay fp32, so nothing is
+// rounded around the ops, and a CPU computes fp32 bit for bit.
+TEST(MixedPrecision, Tf32IsFp32OnTheCpu) {
+  EXPECT_EQ(parse_precision("tf32"), Precision::TF32);
+  EXPECT_STREQ(to_string(Precision::TF32), "tf32");
+  EXPECT_FALSE(is_half(Precision::TF32));
+  EXPECT_FALSE(is_half(Precision::F32));
+  EXPECT_TRUE(is_half(Precision::BF16) && is_half(Precision::F16));
+  for (float v : {1.0f + 0x1p-20f, 3.14159274f, -2.5e-30f}) EXPECT_EQ(round_to(Precision::TF32, v), v);
+  EXPECT_THROW(parse_precision("tf16"), ddp::Error);
+  const Graph g = small_net();
+  const std::vector<float> x = random(size_t(kBatch) * 50, 1), d = random(size_t(kBatch) * kClasses, 2, 0.1);
+  std::vector<float> logits[2], grads[2];
+  for (int t = 0; t < 2; ++t) {
+    CpuModel m(g, 3);
+    m->set_precision(t == 0 ? Precision::F32 : Precision::TF32);
+    const float* l = m->forward(x.data(), kBatch);
+    logits[t].assign(l, l + kBatch * kClasses);
+    m->zero_grads();
+    m->backward(d.data(), kBatch);
+    grads[t].assign(m->grads(), m->grads() + g.num_params);
+  }
+  EXPECT_EQ(logits[1], logits[0]);
+  EXPECT_EQ(grads[1], grads[0]);
 }
 
 bool all_finite(const float* p, size_t n) {

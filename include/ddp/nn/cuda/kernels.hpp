@@ -94,6 +94,10 @@ class CudnnConv {
  private:
   struct Plan;
   Plan& plan(cuda::Context& ctx, int batch);
+  // The plan's algorithms from cuDNN's heuristics (Note [conv algorithms]),
+  // or timed (Note [measured algorithms]) where the context asks for it.
+  void rank_algorithms(cuda::Context& ctx, Plan& p);
+  void time_algorithms(cuda::Context& ctx, Plan& p, int batch);
   void describe();  // the descriptors, for precision_
   void release();   // destroys them
   int64_t weight_numel() const { return int64_t(out_.c) * in_.c * k_ * k_; }
