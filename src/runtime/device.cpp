@@ -30,10 +30,12 @@ int choose_gpu(const World& w, int visible, bool sharing_allowed, const std::str
            " --gpus-per-task=1), or use --backend mpi to share GPUs between ranks");
 }
 
+const std::string& nccl_host(const GpuId& id) { return id.nccl_hostid.empty() ? id.host : id.nccl_hostid; }
+
 std::optional<std::pair<int, int>> find_shared_gpu(const std::vector<GpuId>& ranks) {
   std::map<std::pair<std::string, std::string>, int> first;
   for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
-    const auto [it, fresh] = first.emplace(std::make_pair(ranks[r].host, ranks[r].pci_bus_id), r);
+    const auto [it, fresh] = first.emplace(std::make_pair(nccl_host(ranks[r]), ranks[r].pci_bus_id), r);
     if (!fresh) return std::make_pair(it->second, r);
   }
   return std::nullopt;
@@ -42,12 +44,16 @@ std::optional<std::pair<int, int>> find_shared_gpu(const std::vector<GpuId>& ran
 std::string shared_gpu_message(const std::vector<GpuId>& ranks, std::pair<int, int> pair, int visible) {
   const GpuId& g = ranks[pair.first];
   int on_host = 0;
-  for (const GpuId& r : ranks) on_host += r.host == g.host;
-  return detail::concat("ranks ", pair.first, " and ", pair.second, " both use GPU ", g.pci_bus_id, " on host ",
-                        g.host, ": ", on_host, " ranks there, ", visible, " GPU", visible == 1 ? "" : "s",
-                        " visible to each", visible_devices_env(),
+  for (const GpuId& r : ranks) on_host += nccl_host(r) == nccl_host(g);
+  const std::string where = g.nccl_hostid.empty()
+                                ? "host " + g.host
+                                : "host " + g.host + " with NCCL_HOSTID=" + g.nccl_hostid + " (NCCL's host for both)";
+  return detail::concat("ranks ", pair.first, " and ", pair.second, " both use GPU ", g.pci_bus_id, " on ", where,
+                        ": ", on_host, " ranks there, ", visible, " GPU", visible == 1 ? "" : "s", " visible to each",
+                        visible_devices_env(),
                         "; NCCL needs one GPU per rank: start one rank per GPU (Slurm --gpus-per-task=1), "
-                        "or use --backend mpi to share GPUs between ranks");
+                        "or use --backend mpi to share GPUs between ranks",
+                        g.nccl_hostid.empty() ? "" : ", or (to test NCCL) give each rank its own NCCL_HOSTID");
 }
 
 }  // namespace ddp

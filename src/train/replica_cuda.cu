@@ -16,6 +16,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -40,8 +41,9 @@ namespace ddp::train {
 
 namespace {
 
-// Every rank's (host, bus id); two nccl ranks on one GPU are refused here,
-// with the numbers, before NCCL's own "Duplicate GPU detected".
+// Every rank's (host, bus id, NCCL_HOSTID); two nccl ranks on one GPU of one
+// NCCL host are refused here, with the numbers, before NCCL's own "Duplicate
+// GPU detected".
 // Returns the backend: backend auto becomes nccl when no two ranks share a
 // GPU, else mpi (said once, on rank 0's stderr).
 std::string check_gpus_distinct(comm::Communicator& host_comm, const World& world, const cuda::DeviceInfo& dev,
@@ -49,15 +51,18 @@ std::string check_gpus_distinct(comm::Communicator& host_comm, const World& worl
   struct Id {
     char host[64];
     char bus[32];
+    char nccl_hostid[128];
   } mine{};
   std::snprintf(mine.host, sizeof(mine.host), "%s", world.host.c_str());
   std::snprintf(mine.bus, sizeof(mine.bus), "%s", dev.pci_bus_id.c_str());
+  const char* hostid = std::getenv("NCCL_HOSTID");
+  std::snprintf(mine.nccl_hostid, sizeof(mine.nccl_hostid), "%s", hostid ? hostid : "");
   const std::vector<char> all = host_comm.allgather(&mine, sizeof(mine), "GPU bus ids");
   std::vector<GpuId> ids(world.size);
   for (int r = 0; r < world.size; ++r) {
     Id id;
     std::memcpy(&id, all.data() + r * sizeof(Id), sizeof(Id));
-    ids[r] = {id.host, id.bus};
+    ids[r] = {id.host, id.bus, id.nccl_hostid};
   }
   const auto pair = find_shared_gpu(ids);
   if (backend == "auto") {

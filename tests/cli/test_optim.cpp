@@ -107,26 +107,30 @@ TEST(LrSchedules, EpochsReportTheRateTheScheduleGives) {
   remove_tree(dir);
 }
 
-// d2l's recipe on the subset (80 epochs, as D2lRecipe) at -np 2 with
-// `flags`, seeds 0 and 1: the mean test accuracy of their last 10 epochs.
-double d2l_accuracy(const std::string& flags, const std::function<void(const json&)>& check) {
-  return last_epochs_accuracy(2, kData + " " + flags, 80, 10, {0, 1}, check);
+// LeNet on the subset at -np 2 with `flags`, seeds 0 and 1: the mean test
+// accuracy of their last 8 of 16 epochs. A recipe with momentum (batch 64,
+// lr 0.1, momentum 0.9) reaches in 16 epochs what d2l's plain SGD reaches in
+// 80 (D2lRecipe): 0.77, measured with OpenBLAS's Haswell and Sandybridge
+// kernels alike.
+double lenet_accuracy(const std::string& flags, const std::function<void(const json&)>& check) {
+  return last_epochs_accuracy(2, kData + " --batch-size 64 --lr 0.1 --momentum 0.9 " + flags, 16, 8, {0, 1}, check);
 }
 
-// --grad-compression: half the bytes per step, and d2l's recipe learns as in
-// fp32 (d2l_accuracy). Measured at -np 2: fp32 0.767, 0.767; bf16
-// 0.762, 0.760; fp16 0.766, 0.760 (seed 2: 0.762, 0.758, 0.761). The bound
-// has room for other CPUs' rounding.
+// --grad-compression: half the bytes per step, and LeNet learns as in fp32
+// (lenet_accuracy). Measured at -np 2: fp32 0.771, bf16 0.778, fp16 0.776.
+// The bound has room for other CPUs' rounding.
 TEST(GradCompression, HalvesTheBytesAndLearnsAsFp32) {
   std::map<std::string, double> acc;
   for (const std::string c : {"none", "bf16", "fp16"})
-    acc[c] = d2l_accuracy("--grad-compression " + c, [&](const json& s) {
+    acc[c] = lenet_accuracy("--grad-compression " + c, [&](const json& s) {
       EXPECT_EQ(s["grad_compression"], c);
       EXPECT_EQ(s["allreduce_bytes_per_step"].get<double>(), (c == "none" ? 4.0 : 2.0) * 129068) << c;
     });
+  std::printf("mean test accuracy, last 8 epochs, 2 seeds: none %.4f, bf16 %.4f, fp16 %.4f\n", acc["none"],
+              acc["bf16"], acc["fp16"]);
   EXPECT_GE(acc["none"], 0.72);
-  EXPECT_NEAR(acc["bf16"], acc["none"], 0.015);
-  EXPECT_NEAR(acc["fp16"], acc["none"], 0.015);
+  EXPECT_NEAR(acc["bf16"], acc["none"], 0.02);
+  EXPECT_NEAR(acc["fp16"], acc["none"], 0.02);
 }
 
 TEST(GradCompression, UnknownFormatIsRefused) {
@@ -134,15 +138,14 @@ TEST(GradCompression, UnknownFormatIsRefused) {
 }
 
 // --precision bf16 and fp16 (on CPUs, rounded as autocast rounds: Note
-// [mixed precision]) learn d2l's recipe as fp32 does (d2l_accuracy).
-// Measured at -np 2: fp32 0.767, bf16 0.762, fp16 0.756 (its scale halved
-// twice in a loss spike near epoch 32); the bound has room for other CPUs'
+// [mixed precision]) learn as fp32 does (lenet_accuracy). Measured at -np 2:
+// fp32 0.771, bf16 0.767, fp16 0.770. The bound has room for other CPUs'
 // rounding.
 TEST(Precision, Bf16AndFp16LearnAsFp32) {
   std::map<std::string, double> acc;
   for (const std::string p : {"fp32", "bf16", "fp16"})
-    acc[p] = d2l_accuracy("--precision " + p, [&](const json& s) { EXPECT_EQ(s["precision"], p); });
-  std::printf("mean test accuracy, last 10 epochs, 2 seeds: fp32 %.4f, bf16 %.4f, fp16 %.4f\n", acc["fp32"],
+    acc[p] = lenet_accuracy("--precision " + p, [&](const json& s) { EXPECT_EQ(s["precision"], p); });
+  std::printf("mean test accuracy, last 8 epochs, 2 seeds: fp32 %.4f, bf16 %.4f, fp16 %.4f\n", acc["fp32"],
               acc["bf16"], acc["fp16"]);
   EXPECT_GE(acc["fp32"], 0.72);
   EXPECT_NEAR(acc["bf16"], acc["fp32"], 0.02);

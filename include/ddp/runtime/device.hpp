@@ -25,11 +25,19 @@ int choose_gpu(const World& w, int visible, bool sharing_allowed, const std::str
 struct GpuId {
   std::string host;
   std::string pci_bus_id;
+  std::string nccl_hostid = {};  // the rank's NCCL_HOSTID, empty where unset
 };
 
-// The first two ranks (in rank order) bound to the same GPU: same host and
-// bus id. NCCL refuses such a job ("Duplicate GPU detected"); ddp refuses it
-// first, with the ranks and the fix.
+// The host a rank is on as NCCL sees it: its NCCL_HOSTID where that is set
+// (NCCL then takes it for the host, whatever the hostname), else its
+// hostname. Ranks with different NCCL_HOSTIDs are other hosts to NCCL, which
+// connects them with its network transport even on one machine: how several
+// ranks test NCCL on one GPU.
+const std::string& nccl_host(const GpuId& id);
+
+// The first two ranks (in rank order) bound to the same GPU: same NCCL host
+// and bus id. NCCL refuses such a job ("Duplicate GPU detected"); ddp refuses
+// it first, with the ranks and the fix.
 std::optional<std::pair<int, int>> find_shared_gpu(const std::vector<GpuId>& ranks);
 
 // The error for find_shared_gpu's answer.

@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -25,6 +27,7 @@
 #include "ddp/reducer/reducer.hpp"               // Reducer
 #include "ddp/runtime/cuda_check.hpp"        // DDP_CUDA_CHECK
 #include "ddp/runtime/cuda_context.hpp"      // cuda::Context, DeviceBuffer, device_count
+#include "ddp/runtime/device.hpp"            // find_shared_gpu, nccl_host: NCCL's idea of one GPU
 #include "ddp/train/replica.hpp"             // make_cuda_backend: the replica tests' GPU backend
 
 namespace ddp::test {
@@ -52,15 +55,31 @@ inline bool on_every_rank(bool cond) {
   return all == 1;
 }
 
-// Empty when every rank has a GPU of its own, else why NCCL cannot run.
+// Empty when every rank has a GPU of its own, as NCCL sees it, else why NCCL
+// cannot run. Ranks share a node's GPUs round-robin (GpuRank); ranks with
+// their own NCCL_HOSTID are other hosts to NCCL even on one GPU (the
+// product's rule, runtime/device.hpp), so one GPU runs the NCCL tests at any
+// world size that way.
 inline std::string nccl_unfit_reason(const World& w) {
   const int gpus = cuda::device_count();
-  const bool fits = gpus >= w.local_size;
-  if (on_every_rank(fits)) return "";
-  if (!fits)
-    return detail::concat("NCCL needs one GPU per rank: ", w.local_size, " ranks on this node, ",
-                          gpus, " GPUs");
-  return "NCCL needs one GPU per rank: another node has more ranks than GPUs";
+  struct Id {
+    char host[64];
+    char nccl_hostid[128];
+    int device;
+  } mine{};
+  std::snprintf(mine.host, sizeof(mine.host), "%s", w.host.c_str());
+  const char* hostid = std::getenv("NCCL_HOSTID");
+  std::snprintf(mine.nccl_hostid, sizeof(mine.nccl_hostid), "%s", hostid ? hostid : "");
+  mine.device = gpus > 0 ? w.local_rank % gpus : -1;
+  std::vector<Id> all(size_t(w.size));
+  MPI_Allgather(&mine, sizeof(Id), MPI_BYTE, all.data(), sizeof(Id), MPI_BYTE, MPI_COMM_WORLD);
+  std::vector<GpuId> ids;
+  for (const Id& id : all) ids.push_back({id.host, std::to_string(id.device), id.nccl_hostid});
+  const auto pair = find_shared_gpu(ids);
+  if (!pair) return "";
+  return detail::concat("NCCL needs one GPU per rank: ranks ", pair->first, " and ", pair->second, " share GPU ",
+                        all[size_t(pair->first)].device, " of host ", nccl_host(ids[size_t(pair->first)]), " (", gpus,
+                        " GPUs there; give each rank its own NCCL_HOSTID to share one)");
 }
 
 // A replica test's GPU backend (train/make_backend.hpp's MakeBackend): ranks

@@ -124,5 +124,35 @@ TEST(SharedGpu, MessageNamesRanksGpuHostAndCounts) {
   expect_contains(msg, "--backend mpi");
 }
 
+// NCCL takes NCCL_HOSTID for the host where it is set: ranks with their own
+// are other hosts to it (its socket transport joins them), so several ranks
+// may test NCCL on one GPU; the same NCCL_HOSTID on two hosts makes one.
+TEST(SharedGpu, NcclHostIdIsTheHostWhereSet) {
+  EXPECT_EQ(nccl_host({"node1", "0000:19:00.0", ""}), "node1");
+  EXPECT_EQ(nccl_host({"node1", "0000:19:00.0", "h1"}), "h1");
+  EXPECT_FALSE(find_shared_gpu({{"node1", "0000:19:00.0", "h0"}, {"node1", "0000:19:00.0", "h1"}}).has_value());
+  const std::vector<GpuId> same_id = {{"node1", "0000:19:00.0", "h"}, {"node2", "0000:19:00.0", "h"}};
+  const auto pair = find_shared_gpu(same_id);
+  ASSERT_TRUE(pair.has_value());
+  EXPECT_EQ(*pair, std::make_pair(0, 1));
+  // One rank with it, one without: the hostname is the other's host.
+  EXPECT_FALSE(find_shared_gpu({{"node1", "0000:19:00.0", "h0"}, {"node1", "0000:19:00.0", ""}}).has_value());
+  EXPECT_TRUE(find_shared_gpu({{"node1", "0000:19:00.0", "node1"}, {"node1", "0000:19:00.0", ""}}).has_value());
+}
+
+TEST(SharedGpu, MessageNamesTheNcclHostIdTheRanksShare) {
+  const std::vector<GpuId> ranks = {{"node1", "0000:19:00.0", "h0"}, {"node1", "0000:19:00.0", "h1"},
+                                    {"node1", "0000:19:00.0", "h1"}};
+  const auto pair = find_shared_gpu(ranks);
+  ASSERT_TRUE(pair.has_value());
+  const std::string msg = shared_gpu_message(ranks, *pair, 1);
+  expect_contains(msg, "ranks 1 and 2 both use GPU 0000:19:00.0 on host node1 with NCCL_HOSTID=h1");
+  expect_contains(msg, "2 ranks there");
+  expect_contains(msg, "give each rank its own NCCL_HOSTID");
+  // Without NCCL_HOSTID the message says nothing of it.
+  const std::vector<GpuId> plain = {{"node1", "0000:19:00.0", ""}, {"node1", "0000:19:00.0", ""}};
+  EXPECT_EQ(shared_gpu_message(plain, *find_shared_gpu(plain), 1).find("NCCL_HOSTID"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ddp
