@@ -12,8 +12,15 @@
 #       CTest runs it; test_cli's GpuTraining.* but its two learning tests)
 #       into OUT (default $OUT, else DIR/out): device.txt, tests.log,
 #       summary.txt (a line per test binary); the exit status is the tests'.
+#       The NCCL suites also run at np 2 and 4 on one GPU, each rank its
+#       own host to NCCL (launch/nccl-host-per-rank).
 #   scripts/gpu-check.sh learn [DIR] [OUT] there: GpuTraining's learning
 #       tests (24 training runs), in a device call of their own.
+#   scripts/gpu-check.sh nccl [DIR] [OUT] there: whole ddp_train runs over
+#       NCCL ranks sharing the GPU (test_cli's */nccl_on_one_gpu and
+#       NcclOnOneGpu.*): --deterministic bitwise at np 1, 2, 4 and across a
+#       kill and a resume, compression and SyncBatchNorm, a killed, a stopped
+#       and a misconfigured rank; within 5 minutes.
 #   scripts/gpu-check.sh bench [DIR] [OUT] there: bench/compare_pytorch_gpu.sh
 #       for ResNet-18 and LeNet, each precision against PyTorch's like
 #       (fp32 against TF32 off, tf32 against its default, bf16 and fp16
@@ -25,7 +32,7 @@
 # DIR's copies where they do not exist there.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-mode=${1:?usage: gpu-check.sh prepare|run|learn|bench [DIR] [OUT]}
+mode=${1:?usage: gpu-check.sh prepare|run|learn|bench|nccl [DIR] [OUT]}
 dir=$(realpath -m "${2:-$root/.devdeps}")
 
 case $mode in
@@ -38,17 +45,19 @@ prepare)
   "$root/scripts/build.sh"
   mkdir -p "$dir/bin" "$dir/data"
   cp "$build/bin/ddp_train" "$build/tests/test_cuda" "$build/tests/mpi_test_cuda" "$build/tests/test_cli" "$dir/bin/"
+  rm -rf "$dir/launch" && cp -r "$root/launch" "$dir/launch"
   data=$(realpath "$root/../shared/data/fashion-mnist-subset")
   cp "$data"/* "$dir/data/"
   # Where each binary will look, and what should be found there.
   {
     echo "$build/bin/ddp_train bin/ddp_train"
     echo "$data data"
+    echo "$root/launch launch"
     echo "$(command -v mpiexec) mpiexec"
   } >"$dir/paths"
   echo "gpu-check: $(du -sh "$dir" | cut -f1) in $dir; there: scripts/gpu-check.sh run $(basename "$dir")"
   ;;
-run | learn | bench)
+run | learn | bench | nccl)
   out=$(realpath -m "${3:-${OUT:-$dir/out}}")
   mkdir -p "$out"
   # shellcheck disable=SC1091
@@ -114,6 +123,11 @@ run | learn | bench)
     check GpuTraining-learning "$dir/bin/test_cli" --gtest_filter="$learning"
     exit $status
   fi
+  if [[ $mode == nccl ]]; then
+    check NcclOnOneGpu "$dir/bin/test_cli" \
+      --gtest_filter='On/Deterministic.*/nccl_on_one_gpu:On/Reliability.*/nccl_on_one_gpu:NcclOnOneGpu.*'
+    exit $status
+  fi
   check test_cuda "$dir/bin/test_cuda"
   # The world sizes tests/CMakeLists.txt runs each GPU MPI suite at.
   for run in GpuNccl:1 GpuNccl:2 GpuStagedMpi:2 GpuStagedMpi:4 GpuDeterministic:1 GpuDeterministic:2 \
@@ -121,11 +135,16 @@ run | learn | bench)
     check "mpi_${run%:*}_np${run#*:}" mpirun -np "${run#*:}" --oversubscribe "$dir/bin/mpi_test_cuda" \
       --gtest_filter="${run%:*}.*"
   done
+  # NCCL at more ranks than GPUs: each rank its own host to NCCL.
+  for run in GpuNccl:2 GpuNccl:4 GpuDeterministic:4; do
+    check "mpi_${run%:*}_np${run#*:}_nccl_on_one_gpu" mpirun -np "${run#*:}" --oversubscribe \
+      "$dir/launch/nccl-host-per-rank" "$dir/bin/mpi_test_cuda" --gtest_filter="${run%:*}.*"
+  done
   check GpuTraining "$dir/bin/test_cli" --gtest_filter="GpuTraining.*:-$learning"
   exit $status
   ;;
 *)
-  echo "gpu-check.sh: prepare, run, learn or bench, not '$mode'" >&2
+  echo "gpu-check.sh: prepare, run, learn, bench or nccl, not '$mode'" >&2
   exit 2
   ;;
 esac

@@ -54,6 +54,7 @@ DeviceInfo set_device(int index) {
 
 Context::Context(int device) : device_(device) {
   DDP_CUDA_CHECK(cudaSetDevice(device));
+  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
   DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
   DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));

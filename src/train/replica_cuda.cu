@@ -97,6 +97,7 @@ class CudaBackend final : public Backend, public ExactBackend {
     const std::string backend = check_gpus_distinct(*host_comm, world, info_, cfg.backend);
     ctx_ = std::make_unique<cuda::Context>(gpu);
     ctx_->set_benchmark(cfg.cudnn_benchmark);
+    ctx_->set_next_kernels(cfg.gpu_kernels == "next");
     if (backend == "nccl") {
       comm_ = comm::make_nccl_communicator(world, *ctx_, std::chrono::milliseconds(
                                                              static_cast<int64_t>(cfg.preflight_timeout_sec * 1000)),

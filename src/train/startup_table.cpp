@@ -78,7 +78,10 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
     out << "\nddp_train: convolution algorithms: "
         << (cfg.cudnn_benchmark ? "timed once per geometry (--cudnn-benchmark), the fastest, or a deterministic one "
                                   "within 5% of it"
-                                : "cuDNN's heuristics' first deterministic one");
+                                : "cuDNN's heuristics' first deterministic one")
+        << (cfg.gpu_kernels == "next" ? "; --gpu-kernels next: BatchNorm's sums over many blocks a channel, "
+                                        "not yet run on a GPU by the tests"
+                                      : "");
   if (cfg.precision == "tf32") {
     out << "\nddp_train: precision tf32: convolutions and linear layers multiply on TF32 tensor cores (mantissas cut "
            "to 10 bits) and accumulate in fp32; everything else fp32"

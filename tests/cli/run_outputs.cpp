@@ -4,11 +4,46 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <stdexcept>
 
 #include "ddp/checkpoint/checkpoint.hpp"  // list_checkpoints, decode_checkpoint
 #include "run_process.hpp"                // run_ddp_train, make_temp_dir, read_text, lines_of
 
+#if DDP_HAVE_CUDA
+#include "ddp/runtime/cuda_context.hpp"  // cuda::device_count
+#endif
+
 namespace ddp::test {
+
+int visible_gpus() {
+#if DDP_HAVE_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+RanksOn ranks_on(const std::string& name) {
+  if (name == "cpu") return {name, "", ""};
+  if (name == "nccl_on_one_gpu")
+    return {name, " --device cuda --backend nccl", std::string(DDP_SOURCE_DIR) + "/launch/nccl-host-per-rank"};
+  throw std::invalid_argument("ranks_on: no '" + name + "'");
+}
+
+std::optional<std::set<int>> gpu_compute_pids() {
+  FILE* p = ::popen("nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null", "r");
+  if (!p) return std::nullopt;
+  std::set<int> pids;
+  for (int pid = 0; std::fscanf(p, "%d", &pid) == 1;) pids.insert(pid);
+  if (::pclose(p) != 0) return std::nullopt;
+  return pids;
+}
+
+std::string RanksOn::unfit() const {
+  if (name == "cpu" || visible_gpus() > 0) return "";
+  return "no CUDA device: NCCL ranks sharing one GPU need one";
+}
 
 void expect_bitwise_equal(const checkpoint::SafetensorsFile& a, const checkpoint::SafetensorsFile& b) {
   ASSERT_EQ(a.tensors.size(), b.tensors.size());

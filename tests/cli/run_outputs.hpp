@@ -4,12 +4,33 @@
 #include <functional>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "ddp/checkpoint/safetensors.hpp"
 #include "run_process.hpp"
 
 namespace ddp::test {
+
+// CUDA devices this process sees (0 in a build without CUDA).
+int visible_gpus();
+
+// How a suite's runs reach their ranks: the CPU's over MPI, or NCCL ranks
+// sharing this machine's one GPU, each its own host to NCCL
+// (launch/nccl-host-per-rank). "cpu" or "nccl_on_one_gpu".
+struct RanksOn {
+  std::string name;
+  std::string flags;    // appended to each run's flags
+  std::string wrapper;  // starts each rank (run_ddp_train's wrapper)
+  // Why this machine cannot run them; empty when it can.
+  std::string unfit() const;
+};
+RanksOn ranks_on(const std::string& name);
+
+// The pids nvidia-smi lists as holding GPU memory (compute processes);
+// nullopt where nvidia-smi is not there or fails.
+std::optional<std::set<int>> gpu_compute_pids();
 
 // Lines of stderr that carry the error contract "ddp_train: error: ...".
 int error_lines(const std::string& err);

@@ -39,7 +39,7 @@ std::vector<std::string> lines_of(const std::string& text) {
 
 namespace {
 
-std::string command_line(int np, const std::string& args) {
+std::string command_line(int np, const std::string& args, const std::string& wrapper) {
   std::string cmd;
   // Open MPI refuses root unless told twice; tests run as root in CI.
   if (np > 0)
@@ -49,6 +49,7 @@ std::string command_line(int np, const std::string& args) {
   // the CPU's: its bits, its messages); a test that means another device
   // says so (GpuTraining: --device cuda; Devices: --device auto).
   const bool device = args.find("--device") != std::string::npos;
+  if (!wrapper.empty()) cmd += wrapper + " ";
   return cmd + DDP_TRAIN_BIN + (device ? " " : " --device cpu ") + args;
 }
 
@@ -81,11 +82,11 @@ int processes_with_env(const std::string& entry) {
   return n;
 }
 
-RunResult run_ddp_train(int np, const std::string& args) {
+RunResult run_ddp_train(int np, const std::string& args, const std::string& wrapper) {
   static int runs = 0;
   const std::string dir = make_temp_dir();
   const std::string tag = "DDP_TEST_RUN=" + std::to_string(::getpid()) + "." + std::to_string(++runs);
-  const std::string cmd = "env " + tag + " " + command_line(np, args) + " >" + dir + "/out 2>" + dir + "/err </dev/null";
+  const std::string cmd = "env " + tag + " " + command_line(np, args, wrapper) + " >" + dir + "/out 2>" + dir + "/err </dev/null";
   const auto t0 = std::chrono::steady_clock::now();
   const int raw = std::system(cmd.c_str());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -97,9 +98,10 @@ RunResult run_ddp_train(int np, const std::string& args) {
   return r;
 }
 
-BackgroundJob::BackgroundJob(int np, const std::string& args) : dir_(make_temp_dir()) {
+BackgroundJob::BackgroundJob(int np, const std::string& args, const std::string& wrapper)
+    : dir_(make_temp_dir()) {
   const std::string cmd =
-      "exec " + command_line(np, args) + " >" + dir_ + "/out 2>" + dir_ + "/err </dev/null";
+      "exec " + command_line(np, args, wrapper) + " >" + dir_ + "/out 2>" + dir_ + "/err </dev/null";
   pid_ = ::fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {

@@ -17,14 +17,16 @@ struct RunResult {
 
 // np == 0 runs ddp_train as a plain process; np >= 1 under mpiexec -np np.
 // Every process of the run carries a tag in its environment, so that what
-// outlives the launcher is found and counted (RunResult::left).
-RunResult run_ddp_train(int np, const std::string& args);
+// outlives the launcher is found and counted (RunResult::left). `wrapper`,
+// where given, starts each rank (mpiexec -np N WRAPPER ddp_train ARGS), as
+// launch/nccl-host-per-rank does; it must exec ddp_train.
+RunResult run_ddp_train(int np, const std::string& args, const std::string& wrapper = "");
 
 // A job started in the background in its own process group, so that the
 // launcher and every rank can be signalled together, as a scheduler would.
 class BackgroundJob {
  public:
-  BackgroundJob(int np, const std::string& args);
+  BackgroundJob(int np, const std::string& args, const std::string& wrapper = "");
   ~BackgroundJob();  // SIGKILLs the group if still running
   // SIGKILL to the whole process group (mpirun and all ranks).
   void kill_all();

@@ -20,11 +20,29 @@ namespace fs = std::filesystem;
 const std::string kRecipe = std::string("--model lenet --data-dir ") + DDP_DATA_DIR +
                             " --batch-size 128 --lr 0.05 --momentum 0.9 --seed 3 --deterministic --quiet";
 
-class Deterministic : public ::testing::Test {
+class DeterministicFlags : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = make_temp_dir(); }
   void TearDown() override { remove_tree(dir_); }
   std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string dir_;
+};
+
+// The runs that must agree to the bit, on the CPU's ranks, and on NCCL ranks
+// sharing one GPU (skipped without one): the GPU path's all-reduce is NCCL's,
+// and its sums are exact too.
+class Deterministic : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (const std::string why = on_.unfit(); !why.empty()) GTEST_SKIP() << why;
+    dir_ = make_temp_dir();
+  }
+  void TearDown() override {
+    if (!dir_.empty()) remove_tree(dir_);
+  }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  RunResult run(int np, const std::string& args) const { return run_ddp_train(np, args + on_.flags, on_.wrapper); }
+  const RanksOn on_ = ranks_on(GetParam());
   std::string dir_;
 };
 
@@ -37,13 +55,13 @@ std::vector<int64_t> redone_steps(const std::string& metrics) {
   return out;
 }
 
-TEST_F(Deterministic, LeNetIsBitwiseTheSameAtOneTwoAndFourRanks) {
+TEST_P(Deterministic, LeNetIsBitwiseTheSameAtOneTwoAndFourRanks) {
   nlohmann::json first;
   std::vector<int64_t> first_redone;
   for (int np : {1, 2, 4}) {
     SCOPED_TRACE("np " + std::to_string(np));
     const std::string out = path("np" + std::to_string(np));
-    auto r = run_ddp_train(np, kRecipe + " --epochs 12 --output-model " + out + " --metrics-out " + out + ".jsonl");
+    auto r = run(np, kRecipe + " --epochs 12 --output-model " + out + " --metrics-out " + out + ".jsonl");
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find("deterministic: 16 micro-shards of 8 samples per step"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("bitwise the same at world sizes 1, 2, 4, 8 and 16"), std::string::npos) << r.out;
@@ -70,7 +88,7 @@ TEST_F(Deterministic, LeNetIsBitwiseTheSameAtOneTwoAndFourRanks) {
 // rank's micro-shards summed in shard order (Note [micro-shards],
 // deterministic/shards.hpp). A short run: 2 epochs of 3 steps, 8 micro-shards of 4; the
 // -np 2 run's checkpoint after step 4 (mid-epoch) resumed at -np 4.
-TEST_F(Deterministic, ResNet18WithSyncBatchNormIsBitwiseTheSameAtOneTwoAndFourRanksAndAcrossAResume) {
+TEST_P(Deterministic, ResNet18WithSyncBatchNormIsBitwiseTheSameAtOneTwoAndFourRanksAndAcrossAResume) {
   const std::string args = std::string("--model resnet18 --data-dir ") + DDP_DATA_DIR +
                            " --batch-size 32 --lr 0.05 --momentum 0.9 --seed 3 --deterministic "
                            "--deterministic-shards 8 --sync-bn --train-limit 96 --epochs 2 --quiet";
@@ -79,7 +97,7 @@ TEST_F(Deterministic, ResNet18WithSyncBatchNormIsBitwiseTheSameAtOneTwoAndFourRa
     SCOPED_TRACE("np " + std::to_string(np));
     const std::string out = path("np" + std::to_string(np));
     const std::string ck = np == 2 ? " --checkpoint-dir " + path("ck") + " --checkpoint-every 2" : "";
-    auto r = run_ddp_train(np, args + ck + " --output-model " + out);
+    auto r = run(np, args + ck + " --output-model " + out);
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find("deterministic: 8 micro-shards of 4 samples per step"), std::string::npos) << r.out;
     const nlohmann::json s = summary_of(r);
@@ -101,26 +119,26 @@ TEST_F(Deterministic, ResNet18WithSyncBatchNormIsBitwiseTheSameAtOneTwoAndFourRa
   }
   const std::string from = path("ck") + "/" + checkpoint::checkpoint_file_name(4);
   ASSERT_TRUE(fs::exists(from));
-  auto r = run_ddp_train(4, args + " --checkpoint-dir " + path("ck4") + " --resume " + from + " --output-model " +
+  auto r = run(4, args + " --checkpoint-dir " + path("ck4") + " --resume " + from + " --output-model " +
                                 path("resumed"));
   ASSERT_EQ(r.status, 0) << r.err;
   expect_bitwise_equal(checkpoint::read_safetensors(path("np1")), checkpoint::read_safetensors(path("resumed")));
 }
 
-TEST_F(Deterministic, BatchNormWithoutSyncBatchNormIsRefused) {
+TEST_F(DeterministicFlags, BatchNormWithoutSyncBatchNormIsRefused) {
   auto r = run_ddp_train(2, std::string("--model resnet18 --data-dir ") + DDP_DATA_DIR +
                                 " --batch-size 32 --deterministic --epochs 1 --quiet");
   expect_failure(r, "--deterministic: model resnet18 has BatchNorm, whose statistics over each rank's own batch "
                     "depend on the world size; add --sync-bn to take them over the global batch");
 }
 
-TEST_F(Deterministic, KilledAtFourRanksResumesAtTwoBitwiseAsOneRankRan) {
-  auto ref = run_ddp_train(1, kRecipe + " --epochs 4 --output-model " + path("reference"));
+TEST_P(Deterministic, KilledAtFourRanksResumesAtTwoBitwiseAsOneRankRan) {
+  auto ref = run(1, kRecipe + " --epochs 4 --output-model " + path("reference"));
   ASSERT_EQ(ref.status, 0) << ref.err;
   const std::string ck = path("ck");
   const std::string args = kRecipe + " --epochs 4 --checkpoint-dir " + ck + " --checkpoint-every 5";
   {
-    BackgroundJob job(4, args + " --output-model " + path("killed"));
+    BackgroundJob job(4, args + on_.flags + " --output-model " + path("killed"), on_.wrapper);
     // Well into epoch 2, then the whole job (launcher and ranks) dies.
     ASSERT_TRUE(wait_until([&] { return newest_checkpoint_step(ck) >= 30; }, 120));
     job.kill_all();
@@ -130,31 +148,34 @@ TEST_F(Deterministic, KilledAtFourRanksResumesAtTwoBitwiseAsOneRankRan) {
   const int64_t at = newest_checkpoint_step(ck);
   ASSERT_GT(at, 0);
   ASSERT_NE(at % 23, 0) << "the checkpoint resumed from should be mid-epoch";
-  auto r = run_ddp_train(2, args + " --resume auto --output-model " + path("resumed"));
+  auto r = run(2, args + " --resume auto --output-model " + path("resumed"));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find(checkpoint::checkpoint_file_name(at)), std::string::npos) << r.out;
   expect_bitwise_equal(checkpoint::read_safetensors(path("reference")), checkpoint::read_safetensors(path("resumed")));
 }
 
-TEST_F(Deterministic, AWorldSizeThatCannotShareTheShardsIsRefusedWithTheOnesThatCan) {
+INSTANTIATE_TEST_SUITE_P(On, Deterministic, ::testing::Values("cpu", "nccl_on_one_gpu"),
+                         [](const auto& info) { return info.param; });
+
+TEST_F(DeterministicFlags, AWorldSizeThatCannotShareTheShardsIsRefusedWithTheOnesThatCan) {
   auto r = run_ddp_train(3, kRecipe + " --epochs 1 --batch-size 96 --deterministic-shards 8");
   expect_failure(r, "3 ranks cannot share 8 micro-shards (--deterministic-shards) evenly; the world sizes that "
                     "reproduce this run are 1, 2, 4 and 8");
 }
 
-TEST_F(Deterministic, ShardsThatDoNotDivideTheBatchAreRefused) {
+TEST_F(DeterministicFlags, ShardsThatDoNotDivideTheBatchAreRefused) {
   auto r = run_ddp_train(1, kRecipe + " --epochs 1 --deterministic-shards 5");
   expect_failure(r, "--deterministic-shards 5 must divide the global batch (--batch-size 128)");
 }
 
 // A count below 1 is refused, not read as --deterministic off.
-TEST_F(Deterministic, NoShardsAreRefused) {
+TEST_F(DeterministicFlags, NoShardsAreRefused) {
   for (const char* k : {"0", "-4"})
     expect_failure(run_ddp_train(1, kRecipe + " --epochs 1 --deterministic-shards " + k),
                    std::string("--deterministic-shards ") + k + " is out of range: it must be from 1 to 1048576");
 }
 
-TEST_F(Deterministic, ACheckpointOfAnotherCutIsRefusedNamingIt) {
+TEST_F(DeterministicFlags, ACheckpointOfAnotherCutIsRefusedNamingIt) {
   const std::string ck = path("ck");
   auto first = run_ddp_train(2, kRecipe + " --epochs 1 --checkpoint-dir " + ck);
   ASSERT_EQ(first.status, 0) << first.err;

@@ -13,23 +13,12 @@
 #include <string>
 
 #include "ddp/checkpoint/checkpoint.hpp"  // read_safetensors
-#include "run_outputs.hpp"
-#if DDP_HAVE_CUDA
-#include "ddp/runtime/cuda_context.hpp"  // cuda::device_count
-#endif
+#include "run_outputs.hpp"  // visible_gpus
 
 namespace ddp::test {
 namespace {
 
 using json = nlohmann::json;
-
-int visible_gpus() {
-#if DDP_HAVE_CUDA
-  return cuda::device_count();
-#else
-  return 0;
-#endif
-}
 
 // The CUDA build's messages name the host.
 [[maybe_unused]] std::string hostname() {
@@ -86,6 +75,19 @@ TEST(Devices, NcclOnTheCpuIsAUsageError) {
   EXPECT_NE(r.err.find("--backend nccl runs on GPUs"), std::string::npos) << r.err;
   // Said once, by rank 0.
   EXPECT_EQ(r.err.find("(rank 1)"), std::string::npos) << r.err;
+}
+
+// --gpu-kernels: proven or next, refused otherwise; a CPU rank runs its own
+// kernels either way, bit for bit.
+TEST(Devices, GpuKernelsIsProvenOrNextAndLeavesTheCpuAlone) {
+  expect_failure(run_ddp_train(2, kSmall + " --gpu-kernels fast"), "--gpu-kernels must be proven or next, got 'fast'");
+  const std::string dir = make_temp_dir();
+  for (const std::string k : {"proven", "next"}) {
+    auto r = run_ddp_train(1, kSmall + " --gpu-kernels " + k + " --output-model " + dir + "/" + k);
+    ASSERT_EQ(r.status, 0) << r.err;
+  }
+  expect_bitwise_equal(checkpoint::read_safetensors(dir + "/proven"), checkpoint::read_safetensors(dir + "/next"));
+  remove_tree(dir);
 }
 
 // --- on a GPU ---------------------------------------------------------------
@@ -275,6 +277,56 @@ TEST_F(GpuTraining, MoreRanksThanGpusIsNamed) {
   EXPECT_NE(r.err.find(std::to_string(gpus_) + " GPU"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--backend mpi"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("Duplicate GPU detected"), std::string::npos) << r.err;
+}
+
+// --- NCCL ranks sharing one GPU ----------------------------------------------
+// Each rank its own host to NCCL (launch/nccl-host-per-rank): the mission's
+// own path, NCCL across ranks, on a machine with one GPU. Bitwise agreement
+// and faults run in the Deterministic and Reliability suites
+// (On/.../nccl_on_one_gpu); here what only NCCL ranks have.
+
+class NcclOnOneGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const std::string why = on_.unfit(); !why.empty()) GTEST_SKIP() << why;
+  }
+  const RanksOn on_ = ranks_on("nccl_on_one_gpu");
+};
+
+// --grad-compression bf16 and fp16 (NCCL's 16-bit sums) and --sync-bn at -np 2
+// over NCCL: each run says nccl, sends what it says, and learns the synthetic
+// set as the CPU does (Training.LearnsTheSyntheticDataset's recipe).
+TEST_F(NcclOnOneGpu, GradCompressionAndSyncBatchNormLearnAtTwoRanks) {
+  const std::string recipe = "--synthetic 3000 --epochs 4 --batch-size 32 --lr 0.03 --momentum 0.9 --quiet";
+  for (const std::string flags :
+       {"--grad-compression bf16", "--grad-compression fp16", "--model resnet18 --sync-bn"}) {
+    SCOPED_TRACE(flags);
+    auto r = run_ddp_train(2, recipe + " " + flags + on_.flags, on_.wrapper);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const json s = summary_of(r);
+    ASSERT_FALSE(s.is_null()) << r.out;
+    EXPECT_EQ(s["backend"], "nccl") << r.out;
+    if (flags.find("compression") != std::string::npos) {
+      EXPECT_EQ(s["grad_compression"], flags.substr(flags.rfind(' ') + 1));
+      EXPECT_EQ(s["allreduce_bytes_per_step"].get<double>(), 2.0 * 129068);
+    }
+    EXPECT_GE(s["test_acc"].get<double>(), 0.9) << r.out;
+  }
+}
+
+// A NCCL error on one rank (its NCCL_SOCKET_IFNAME names no interface, so
+// NCCL's bootstrap finds no socket there): one clear error line naming NCCL
+// and the rank, the job over within a minute, nothing left running.
+TEST_F(NcclOnOneGpu, ANcclErrorOnOneRankIsOneClearError) {
+  const std::string bad_if =
+      "sh -c '[ \"$OMPI_COMM_WORLD_RANK\" != 1 ] || export NCCL_SOCKET_IFNAME=ddp_no_such_if0; exec \"$0\" \"$@\"' ";
+  auto r = run_ddp_train(2, kSmall + on_.flags, bad_if + on_.wrapper);
+  EXPECT_NE(r.status, 0);
+  EXPECT_EQ(error_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("NCCL"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(rank 1)"), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 60) << r.err;
+  EXPECT_EQ(r.left, 0) << r.left << " processes left";
 }
 
 }  // namespace

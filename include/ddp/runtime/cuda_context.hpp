@@ -46,6 +46,7 @@ class Context {
   Context& operator=(const Context&) = delete;
 
   int device() const { return device_; }
+  int sms() const { return sms_; }  // the device's streaming multiprocessors
   cudaStream_t compute() const { return compute_; }
   cudaStream_t copy() const { return copy_; }
   cudaStream_t comm() const { return comm_; }
@@ -81,12 +82,18 @@ class Context {
   // --cudnn-benchmark (Note [measured algorithms], nn/cuda/conv_algo.hpp):
   // convolution algorithms chosen by timing them, and the choices made so
   // far, by geometry (each convolution's three algorithms and math types).
+  // --gpu-kernels next: kernels written since a GPU last ran the tests run
+  // instead of the ones that have (docs/gpus.md, "Kernels not yet run").
+  void set_next_kernels(bool on) { next_kernels_ = on; }
+  bool next_kernels() const { return next_kernels_; }
+
   void set_benchmark(bool on) { benchmark_ = on; }
   bool benchmark() const { return benchmark_; }
   std::map<std::string, std::vector<int>>& timed_algorithms() { return timed_; }
 
  private:
   int device_;
+  int sms_ = 1;
   cudaStream_t compute_ = nullptr, copy_ = nullptr, comm_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   cudnnHandle_t dnn_ = nullptr;
@@ -99,6 +106,7 @@ class Context {
   std::set<std::string> warned_;
   bool deterministic_ = false;
   bool benchmark_ = false;
+  bool next_kernels_ = false;
   std::map<std::string, std::vector<int>> timed_;
 };
 

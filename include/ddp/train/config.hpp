@@ -41,6 +41,9 @@ struct Config {
   // GPUs: convolution algorithms chosen by timing them (Note [measured
   // algorithms], nn/cuda/conv_algo.hpp), not by cuDNN's heuristics.
   bool cudnn_benchmark = false;
+  // GPUs: "proven", the kernels a GPU has run through the tests, or "next",
+  // also those written since (docs/gpus.md, "Kernels not yet run").
+  std::string gpu_kernels = "proven";
   // --deterministic: the global batch in this many micro-shards, gradients
   // summed in fixed point, so every world size dividing it gives the same bits
   // (deterministic/exact_sum.hpp). 0: off.

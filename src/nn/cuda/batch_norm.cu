@@ -1,6 +1,8 @@
 // BatchNorm2d on the GPU, in the steps of the CPU's (nn/cpu/ops.hpp): per channel
-// a block sums its plane of every image in double (a fixed reduction tree, so
-// results repeat bit for bit), one thread a channel turns the sums into the
+// a block sums its plane of every image in double (with --gpu-kernels next,
+// several blocks a channel sum runs of its values and a second pass adds the
+// runs in order: Note [batch norm sums], nn/cuda/bn_plan.hpp; fixed trees
+// either way, so results repeat bit for bit), one thread a channel turns the sums into the
 // constants (kernel_math.hpp's bn_*_channel, the CPU's very formulas), and an
 // element-wise pass applies them. With a StatsReducer the sums go to the
 // host, are summed over ranks (SyncBatchNorm), and come back. The
@@ -9,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "ddp/nn/cuda/kernels.hpp"
+#include "ddp/nn/cuda/bn_plan.hpp"     // plan_bn_split: Note [batch norm sums]
 #include "ddp/core/error.hpp"          // DDP_CHECK
 #include "ddp/nn/kernel_math.hpp"      // bn_*
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK, DDP_CUDA_CHECK_LAUNCH
@@ -33,7 +36,7 @@ __device__ void block_sum2(double* sa, double* sb, double a, double b) {
   }
 }
 
-// Block ch: out[ch] = sum of x over the channel's values; with mean, the sum
+// --gpu-kernels proven: block ch: out[ch] = sum of x over the channel's values; with mean, the sum
 // of (x - mean[ch])^2 instead.
 __global__ void __launch_bounds__(kThreads)
     bn_sums_kernel(int batch, int c, int hw, const float* __restrict__ x, const float* __restrict__ mean,
@@ -70,6 +73,60 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) {
     out[ch] = sa[0];
     out[c + ch] = sb[0];
+  }
+}
+
+// --gpu-kernels next: block (run, ch) of Note [batch norm sums]: sums run `run` of channel ch's
+// values (value j is pixel j % hw of image j / hw) into part[ch * runs + run]:
+// of x; with mean, of (x - mean[ch])^2 instead.
+__global__ void __launch_bounds__(kThreads)
+    bn_run_sums_kernel(int64_t values, int64_t per_split, int c, int hw, const float* __restrict__ x,
+                   const float* __restrict__ mean, double* __restrict__ part) {
+  __shared__ double sa[kThreads], sb[kThreads];
+  const int run = blockIdx.x, runs = gridDim.x, ch = blockIdx.y;
+  const double m = mean ? double(mean[ch]) : 0.0;
+  const int64_t end = min(values, (run + 1) * per_split);
+  double s = 0.0;
+  for (int64_t j = run * per_split + threadIdx.x; j < end; j += kThreads) {
+    const unsigned image = unsigned(j) / unsigned(hw);  // 32-bit: launch_sums checks the range
+    const double v = double(x[(int64_t(image) * c + ch) * hw + (j - int64_t(image) * hw)]);
+    s += mean ? (v - m) * (v - m) : v;
+  }
+  block_sum2(sa, sb, s, 0.0);
+  if (threadIdx.x == 0) part[int64_t(ch) * runs + run] = sa[0];
+}
+
+// Block (run, ch): part[ch * runs + run] = its run's sum(dy), and
+// part[(c + ch) * runs + run] = its sum(dy * (x - mean)).
+__global__ void __launch_bounds__(kThreads)
+    bn_run_grad_sums_kernel(int64_t values, int64_t per_split, int c, int hw, const float* __restrict__ x,
+                        const float* __restrict__ mean, const float* __restrict__ dy,
+                        double* __restrict__ part) {
+  __shared__ double sa[kThreads], sb[kThreads];
+  const int run = blockIdx.x, runs = gridDim.x, ch = blockIdx.y;
+  const double m = double(mean[ch]);
+  const int64_t end = min(values, (run + 1) * per_split);
+  double s = 0.0, sx = 0.0;
+  for (int64_t j = run * per_split + threadIdx.x; j < end; j += kThreads) {
+    const unsigned image = unsigned(j) / unsigned(hw);
+    const int64_t k = (int64_t(image) * c + ch) * hw + (j - int64_t(image) * hw);
+    const double g = double(dy[k]);
+    s += g;
+    sx += g * (double(x[k]) - m);
+  }
+  block_sum2(sa, sb, s, sx);
+  if (threadIdx.x == 0) {
+    part[int64_t(ch) * runs + run] = sa[0];
+    part[int64_t(c + ch) * runs + run] = sb[0];
+  }
+}
+
+// out[i] = the sum of row i's runs, in run order (rows: width of them).
+__global__ void bn_runs_kernel(int width, int runs, const double* __restrict__ part, double* __restrict__ out) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x) {
+    double s = 0.0;
+    for (int r = 0; r < runs; ++r) s += part[int64_t(i) * runs + r];
+    out[i] = s;
   }
 }
 
@@ -132,15 +189,53 @@ __global__ void bn_backward_kernel(int64_t n, int c, int hw, const float* __rest
 }  // namespace
 
 CudaBatchNorm::CudaBatchNorm(const Op& op, cuda::Context& ctx, StatsReducer* stats)
-    : op_(op), ctx_(ctx), stats_(stats), c_(op.in.c), hw_(op.in.h * op.in.w), host_(size_t(2 * op.in.c)) {
+    : op_(op),
+      ctx_(ctx),
+      stats_(stats),
+      c_(op.in.c),
+      hw_(op.in.h * op.in.w),
+      split_(ctx.next_kernels()),
+      host_(size_t(2 * op.in.c)) {
   chan_ = static_cast<float*>(ctx_.alloc(sizeof(float) * 7 * size_t(c_)));
   sums_ = static_cast<double*>(ctx_.alloc(sizeof(double) * 2 * size_t(c_)));
+  if (split_)
+    parts_ = static_cast<double*>(ctx_.alloc(sizeof(double) * 2 * size_t(c_) * size_t(max_bn_splits(c_, ctx_.sms()))));
   DDP_CUDA_CHECK(cudaMemsetAsync(chan_, 0, sizeof(float) * 7 * size_t(c_), ctx_.compute()));
 }
 
 CudaBatchNorm::~CudaBatchNorm() {
   if (chan_) cudaFreeAsync(chan_, ctx_.compute());
   if (sums_) cudaFreeAsync(sums_, ctx_.compute());
+  if (parts_) cudaFreeAsync(parts_, ctx_.compute());
+}
+
+void CudaBatchNorm::launch_sums(int images, const float* x, const float* mean, const float* dy, double* out) {
+  const cudaStream_t s = ctx_.compute();
+  if (!split_) {
+    if (!dy) {
+      bn_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, x, mean, out);
+      DDP_CUDA_CHECK_LAUNCH(bn_sums_kernel);
+    } else {
+      bn_grad_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, x, mean, dy, out);
+      DDP_CUDA_CHECK_LAUNCH(bn_grad_sums_kernel);
+    }
+    return;
+  }
+  const int64_t values = int64_t(images) * hw_;
+  DDP_CHECK(values < (int64_t(1) << 31), "BatchNorm2d ", op_.name, ": ", values,
+            " values a channel in one call; at most 2^31 are supported");
+  const BnSplit plan = plan_bn_split(values, c_, ctx_.sms());
+  const dim3 grid(unsigned(plan.splits), unsigned(c_));
+  if (!dy) {
+    bn_run_sums_kernel<<<grid, kThreads, 0, s>>>(values, plan.per_split, c_, hw_, x, mean, parts_);
+    DDP_CUDA_CHECK_LAUNCH(bn_run_sums_kernel);
+  } else {
+    bn_run_grad_sums_kernel<<<grid, kThreads, 0, s>>>(values, plan.per_split, c_, hw_, x, mean, dy, parts_);
+    DDP_CUDA_CHECK_LAUNCH(bn_run_grad_sums_kernel);
+  }
+  const int width = dy ? 2 * c_ : c_;
+  bn_runs_kernel<<<cuda_grid(width), kCudaThreads, 0, s>>>(width, plan.splits, parts_, out);
+  DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
 }
 
 void CudaBatchNorm::reduce(size_t n, const std::string& what) {
@@ -170,8 +265,7 @@ void CudaBatchNorm::forward(const OpArgs& a) {
     channel_sums(
         a, size_t(c_),
         [&](int64_t first, int images, double* out) {
-          bn_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, a.x[0] + first * image, nullptr, out);
-          DDP_CUDA_CHECK_LAUNCH(bn_sums_kernel);
+          launch_sums(images, a.x[0] + first * image, nullptr, nullptr, out);
         },
         "batch mean", /*backward=*/false);
     bn_mean_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, chan_);
@@ -179,8 +273,7 @@ void CudaBatchNorm::forward(const OpArgs& a) {
     channel_sums(
         a, size_t(c_),
         [&](int64_t first, int images, double* out) {
-          bn_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, a.x[0] + first * image, chan_, out);
-          DDP_CUDA_CHECK_LAUNCH(bn_sums_kernel);
+          launch_sums(images, a.x[0] + first * image, chan_, nullptr, out);
         },
         "batch variance", /*backward=*/false);
     bn_train_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, op_.eps, op_.momentum, a.p[0], a.p[1], chan_,
@@ -203,9 +296,7 @@ void CudaBatchNorm::backward(const OpArgs& a, const float* dy, const std::vector
   channel_sums(
       a, 2 * size_t(c_),
       [&](int64_t first, int images, double* out) {
-        bn_grad_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, a.x[0] + first * image, chan_,
-                                                    dy + first * image, out);
-        DDP_CUDA_CHECK_LAUNCH(bn_grad_sums_kernel);
+        launch_sums(images, a.x[0] + first * image, chan_, dy + first * image, out);
         bn_param_grads_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, out, chan_, a.dp[0], a.dp[1]);
         DDP_CUDA_CHECK_LAUNCH(bn_param_grads_kernel);
       },

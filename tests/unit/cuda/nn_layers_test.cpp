@@ -187,9 +187,19 @@ TEST_F(CudaLayers, ReLU) {
   for (int batch : {7, 64}) check(g, 0, batch);
 }
 
+// Both sums: one block a channel (--gpu-kernels proven), and runs of many
+// blocks a channel (next, Note [batch norm sums]); 16 x 28 x 28 at batch 32
+// is 25088 values a channel, cut into several runs.
 TEST_F(CudaLayers, BatchNorm2dTrainAndEval) {
-  const Graph g = one_op({64, 7, 7}, [](GraphBuilder& b, int x) { return b.batch_norm("bn", x); });
-  for (int batch : {3, 32}) check(g, 0, batch);
+  for (const bool next : {false, true}) {
+    SCOPED_TRACE(next ? "--gpu-kernels next" : "--gpu-kernels proven");
+    ctx().set_next_kernels(next);
+    for (const Shape& in : {Shape{64, 7, 7}, Shape{16, 28, 28}}) {
+      const Graph g = one_op(in, [](GraphBuilder& b, int x) { return b.batch_norm("bn", x); });
+      for (int batch : {3, 32}) check(g, 0, batch);
+    }
+  }
+  ctx().set_next_kernels(false);
 }
 
 // The residual add, with and without its ReLU (op 1: it reads the input and

@@ -188,6 +188,11 @@ class CudaBatchNorm : public Kernel {
   // sums_'s first n values summed over ranks when synchronised: a host
   // round trip.
   void reduce(size_t n, const std::string& what);
+  // Launches the per-channel sums of `images` images from x into out
+  // (device; Note [batch norm sums]): without dy, of x, or with mean of
+  // (x - mean)^2 (c values); with dy and mean, sum(dy) then
+  // sum(dy (x - mean)) (2c values).
+  void launch_sums(int images, const float* x, const float* mean, const float* dy, double* out);
   const Op& op_;
   cuda::Context& ctx_;
   StatsReducer* stats_;
@@ -196,6 +201,8 @@ class CudaBatchNorm : public Kernel {
 
  private:
   float* chan_ = nullptr;   // device, per channel: mean, invstd, scale, shift, ...
+  bool split_;                // --gpu-kernels next: Note [batch norm sums]'s runs
+  double* parts_ = nullptr;  // device: each channel's run sums (Note [batch norm sums])
   std::vector<double> host_;  // the sums on their way through the host
 };
 
