@@ -146,11 +146,8 @@ void Replica::reduced_passes(const float* x, const int32_t* y, int batch, size_t
       const float* logits = model_->forward(x + size_t(k) * micro * sample, micro, nn::Mode::Train);
       TraceScope loss_span(trace_, Trace::kStep, "forward", "loss");
       if (const auto loss =
-              backend_->loss(logits, y + size_t(k) * micro, micro, classes_, dlogits_->data(), batch)) {
-        health.loss += *loss / accumulate_;
-        health.loss_finite = health.loss_finite && std::isfinite(*loss);
-        health.loss_known = true;
-      }
+              backend_->loss(logits, y + size_t(k) * micro, micro, classes_, dlogits_->data(), batch))
+        health.add_loss(*loss, accumulate_);
       scale_dlogits(micro);
     }
     lap(times_.forward);

@@ -107,11 +107,8 @@ void Replica::exact_passes(const float* x, const int32_t* y, int batch, StepHeal
       for (int k = 0; k < shards; ++k) {
         const size_t at = size_t(k) * shard * classes_;
         if (const auto loss = backend_->loss(logits + at, y + size_t(k) * shard, shard, classes_,
-                                             dlogits_->data() + at, exact_->global_batch)) {
-          health.loss += *loss / shards;
-          health.loss_finite = health.loss_finite && std::isfinite(*loss);
-          health.loss_known = true;
-        }
+                                             dlogits_->data() + at, exact_->global_batch))
+          health.add_loss(*loss, shards);
       }
       scale_dlogits(batch);
     }

@@ -18,6 +18,7 @@
 // backend what train/exact_backend.hpp says.
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -63,6 +64,13 @@ struct StepHealth {
   // Whether the host has the step's loss (a GPU keeps it on the device until
   // take_sums).
   bool loss_known = false;
+  // One of the step's `parts` equal parts of the loss (a micro-batch's or a
+  // micro-shard's).
+  void add_loss(double part, int parts) {
+    loss += part / parts;
+    loss_finite = loss_finite && std::isfinite(part);
+    loss_known = true;
+  }
 };
 
 // Everything a checkpoint holds of a replica, on the host: the model's
