@@ -61,7 +61,12 @@ for kind in "${kinds[@]}"; do
       # OpenBLAS's own threads are not instrumented: one thread, so their
       # work is not taken for races on our buffers.
       export OPENBLAS_NUM_THREADS=1
-      export TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:suppressions=$root/tests/sanitize/tsan.supp"
+      # history_size=7: the longest history, so that the stack of an old
+      # access (Open MPI's progress engine writing a receive buffer from
+      # another thread) is still there to match the suppressions; with the
+      # default, a loaded machine loses it ("failed to restore the stack")
+      # and Open MPI's own write was reported as ours.
+      export TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:history_size=7:suppressions=$root/tests/sanitize/tsan.supp"
       # Of the data tests, the loader's run a thread; the IDX and synthetic
       # ones are single-threaded (and one of them is timed).
       GTEST_FILTER='Loader.*' ctest --test-dir "$dir" --output-on-failure -R '^unit_data$'
