@@ -68,7 +68,6 @@ constexpr double kDeterministicSlack = 0.05;
 struct TimedChoice {
   int index = -1;              // into the timed list; -1: none is usable (or none deterministic, when asked)
   bool deterministic = false;
-  bool slower = false;         // a deterministic one taken over a faster one
 };
 
 inline TimedChoice choose_timed_algo(const std::vector<TimedAlgo>& timed, bool deterministic_only,
@@ -81,9 +80,9 @@ inline TimedChoice choose_timed_algo(const std::vector<TimedAlgo>& timed, bool d
     if (t.deterministic && (fastest_det < 0 || t.ms < timed[size_t(fastest_det)].ms)) fastest_det = i;
   }
   if (fastest_det >= 0 && (deterministic_only || timed[size_t(fastest_det)].ms <= (1 + slack) * timed[size_t(fastest)].ms))
-    return {fastest_det, true, fastest_det != fastest && timed[size_t(fastest_det)].ms > timed[size_t(fastest)].ms};
+    return {fastest_det, true};
   if (deterministic_only || fastest < 0) return {};
-  return {fastest, timed[size_t(fastest)].deterministic, false};
+  return {fastest, timed[size_t(fastest)].deterministic};
 }
 
 // Note [measured algorithms]: what identifies a convolution's timing: its
