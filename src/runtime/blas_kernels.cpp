@@ -156,6 +156,15 @@ std::string ensure_blas_kernels(char** argv) {
   if (choice.coretype.empty()) return choice.description;
   ::setenv("OPENBLAS_CORETYPE", choice.coretype.c_str(), 1);
   ::setenv(kDetectedEnv, report.corename.c_str(), 1);
+  // By its own path, so the process keeps its name (the kernel names it after
+  // the file executed: "/proc/self/exe" would call every rank "exe", out of
+  // reach of ps, pgrep and top); /proc/self/exe where that path is gone.
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    ::execv(self, argv);
+  }
   ::execv("/proc/self/exe", argv);
   // Still here: run with what OpenBLAS picked, and say so.
   const int e = errno;

@@ -62,6 +62,27 @@ TEST(BlasKernels, UnknownCpuRunsTheKernelsItSupports) {
   EXPECT_NE(r.out.find("\"event\":\"summary\""), std::string::npos) << r.out;
 }
 
+// After the re-execution each rank is still called ddp_train (ps, pgrep,
+// top, and the tests that find a rank by its name and signal it).
+TEST(BlasKernels, TheRanksKeepTheirNameAcrossTheReExecution) {
+  if (read_cpu_info().level == IsaLevel::kSse) GTEST_SKIP() << "this CPU has no AVX: no re-execution";
+  ScopedEnv user("OPENBLAS_CORETYPE", std::nullopt);
+  ScopedEnv preload("LD_PRELOAD", DDP_BLAS_FALLBACK_PRELOAD);
+  const std::string dir = make_temp_dir();
+  BackgroundJob job(2, "--synthetic 4096 --batch-size 256 --epochs 1000 --quiet --metrics-out " + dir + "/m.jsonl");
+  ASSERT_TRUE(wait_until([&] { return !read_text(dir + "/m.jsonl").empty(); }, 120)) << "no epoch within 120 s";
+  for (int rank = 0; rank < 2; ++rank) {
+    const int pid = job.rank_pid(rank);  // a process named ddp_train with that rank
+    ASSERT_GT(pid, 0) << "no process named ddp_train is rank " << rank;
+    std::string env = read_text("/proc/" + std::to_string(pid) + "/environ");
+    EXPECT_NE(env.find(std::string("DDP_BLAS_DETECTED=Prescott") + '\0'), std::string::npos)
+        << "rank " << rank << " was not executed again";
+  }
+  job.kill_all();
+  job.wait();
+  remove_tree(dir);
+}
+
 TEST(BlasKernels, TheUsersChoiceIsKeptAndNamed) {
   const CpuInfo cpu = read_cpu_info();
   ScopedEnv user("OPENBLAS_CORETYPE", "Prescott");

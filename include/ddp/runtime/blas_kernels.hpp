@@ -8,9 +8,9 @@
 // initialised ddp_train compares the kernels' instruction set with what CPUID
 // and the OS grant. Where OpenBLAS fell below and nobody chose
 // (OPENBLAS_CORETYPE unset), it sets OPENBLAS_CORETYPE to the family that
-// matches the CPU and executes itself again (the pid stays, so a launcher
-// sees the same process); DDP_BLAS_DETECTED carries what OpenBLAS had picked
-// across, so the start-up table can say both. A choice the user made is
+// matches the CPU and executes itself again (the pid and the process's name
+// stay, so a launcher, ps and pgrep see the same process); DDP_BLAS_DETECTED
+// carries what OpenBLAS had picked across, so the start-up table can say both. A choice the user made is
 // kept, and named. The decision is a pure function (choose_blas_kernels) so
 // that other CPUs' values can be tested on any machine.
 #pragma once
