@@ -81,6 +81,8 @@ std::pair<RunResult, int> stop_a_rank(const RanksOn& on, int rank, const std::st
     EXPECT_EQ(::kill(pid, SIGSTOP), 0);
     EXPECT_TRUE(wait_until([&] { return !job.running(); }, 60)) << "the job outlived its stopped rank by 60 s";
     EXPECT_TRUE(wait_until([&] { return job.alive() == 0; }, 10)) << job.alive() << " processes left";
+  } else {
+    job.kill_all();  // nothing stopped: the job would train its 1000 epochs
   }
   remove_tree(dir);
   RunResult r = job.wait();
