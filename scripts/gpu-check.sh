@@ -82,10 +82,12 @@ run | learn | bench | nccl)
   step=${GPU_CHECK_STEP_S:-300}
   if [[ $mode == bench ]]; then
     # Within a device call's 10 minutes: ResNet-18 over fewer epochs.
-    # GPU_BENCH: model:precision:reps:epochs[:our flag], most wanted first
-    # (compare_pytorch_gpu.sh's pairs: each precision against PyTorch's like).
-    for spec in ${GPU_BENCH:-resnet18:fp32:2:2 resnet18:tf32:2:2 resnet18:tf32:2:2:--cudnn-benchmark resnet18:bf16:2:2 lenet:fp32:3:5 lenet:tf32:3:5 resnet18:fp16:2:2 lenet:bf16:3:5}; do
+    # GPU_BENCH: model:precision:reps:epochs[:our flags, comma-separated],
+    # most wanted first (compare_pytorch_gpu.sh's pairs: each precision
+    # against PyTorch's like).
+    for spec in ${GPU_BENCH:-resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:fp32:1:3 resnet18:tf32:1:3:--cudnn-benchmark lenet:fp32:3:5 lenet:tf32:3:5 resnet18:fp16:1:3:--cudnn-benchmark,--gpu-kernels,next lenet:bf16:3:5}; do
       IFS=: read -r model p reps epochs flag <<<"$spec"
+      flag=${flag//,/ }
       DDP_BENCH_IMAGES=${DDP_BENCH_IMAGES:-20480} DDP_TRAIN=$dir/bin/ddp_train timeout -k 10 "$step" \
         "$root/bench/compare_pytorch_gpu.sh" --model "$model" --precision "$p" --ours "${flag:-}" "$reps" "$epochs" >>"$out/bench.txt" 2>&1 \
         || echo "bench $model $p ${flag:-} failed ($?)" >>"$out/bench.txt"

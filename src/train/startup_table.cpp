@@ -79,8 +79,9 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
         << (cfg.cudnn_benchmark ? "timed once per geometry (--cudnn-benchmark), the fastest, or a deterministic one "
                                   "within 5% of it"
                                 : "cuDNN's heuristics' first deterministic one")
-        << (cfg.gpu_kernels == "next" ? "; --gpu-kernels next: BatchNorm's sums over many blocks a channel "
-                                        "(its layer test has passed on a GPU, the whole GPU suite not yet)"
+        << (cfg.gpu_kernels == "next" ? "; --gpu-kernels next: BatchNorm's sums over many blocks a channel (its layer "
+                                        "test has passed on a GPU), convolutions through cuDNN's graph API (not yet "
+                                        "run on a GPU)"
                                       : "");
   if (cfg.precision == "tf32") {
     out << "\nddp_train: precision tf32: convolutions and linear layers multiply on TF32 tensor cores (mantissas cut "

@@ -153,10 +153,12 @@ TEST_F(GpuTraining, Bf16AndFp16LearnAsFp32) {
 }
 
 // --precision tf32 (Note [tf32]) and --cudnn-benchmark (Note [measured
-// algorithms]) on a GPU, alone and together: each says so in the start-up
-// lines, and LeNet's d2l recipe clears fp32's bar (GpuTraining.Bf16And...).
+// algorithms]) on a GPU, alone and together, and with --gpu-kernels next
+// (Note [graph engines]): each says so in the start-up lines, and LeNet's
+// d2l recipe clears fp32's bar (GpuTraining.Bf16And...).
 TEST_F(GpuTraining, Tf32AndTimedAlgorithmsLearnTheD2lRecipe) {
-  for (const std::string flags : {"--precision tf32", "--cudnn-benchmark", "--precision tf32 --cudnn-benchmark"}) {
+  for (const std::string flags : {"--precision tf32", "--cudnn-benchmark", "--precision tf32 --cudnn-benchmark",
+                                  "--gpu-kernels next", "--precision tf32 --cudnn-benchmark --gpu-kernels next"}) {
     SCOPED_TRACE(flags);
     auto r = run_ddp_train(1, kRecipe + " --device cuda --backend nccl " + flags);
     ASSERT_EQ(r.status, 0) << r.err;

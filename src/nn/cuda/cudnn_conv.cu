@@ -30,6 +30,7 @@
 #include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/core/error.hpp"           // DDP_CHECK, DDP_FAIL, ddp::Error, detail::concat
 #include "ddp/nn/cuda/conv_algo.hpp"         // choose_conv_algo: Note [conv algorithms]
+#include "ddp/nn/cuda/cudnn_graph.hpp"       // GraphConv: Note [graph engines]
 #include "ddp/runtime/cuda_check.hpp"   // DDP_CUDNN_CHECK
 
 namespace ddp::nn {
@@ -102,6 +103,9 @@ struct CudnnConv::Plan {
   // when it runs (cuDNN tells a tensor-core algorithm by both; run_math).
   cudnnMathType_t fwd_math{}, bwd_data_math{}, bwd_filter_math{};
   size_t fwd_bytes = 0, bwd_data_bytes = 0, bwd_filter_bytes = 0;
+  // --gpu-kernels next: each direction through cuDNN's graph API where an
+  // engine may run it (Note [graph engines]); nullptr: the legacy call.
+  std::unique_ptr<GraphConv> graph_fwd, graph_data, graph_filter;
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -192,9 +196,13 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn, p->x, p->y, conv_desc_, w_desc_,
                                                                  p->bwd_filter, &p->bwd_filter_bytes));
 
+  if (ctx.next_kernels()) graph_plans(ctx, *p, batch);
   // Grow the shared workspace now, the one step that may wait for the device,
   // rather than inside a later forward or backward.
-  ctx.workspace(std::max({p->fwd_bytes, p->bwd_data_bytes, p->bwd_filter_bytes}));
+  size_t bytes = std::max({p->fwd_bytes, p->bwd_data_bytes, p->bwd_filter_bytes});
+  for (const auto* g : {p->graph_fwd.get(), p->graph_data.get(), p->graph_filter.get()})
+    if (g) bytes = std::max(bytes, g->workspace());
+  ctx.workspace(bytes);
   Plan& ref = *p;
   plans_[batch] = std::move(p);
   return ref;
@@ -301,7 +309,47 @@ void CudnnConv::time_algorithms(cuda::Context& ctx, Plan& p, int batch) {
   p.bwd_filter_math = cudnnMathType_t(timed[5]);
 }
 
+// Note [graph engines]: the three directions as graphs, each falling back,
+// said once, to the legacy call where no engine may run it. Backward filter
+// adds into fp32 gradients (beta 1) and writes 16-bit ones (beta 0), as the
+// legacy calls below do.
+void CudnnConv::graph_plans(cuda::Context& ctx, Plan& p, int batch) {
+  ConvGraphSpec spec;
+  spec.shapes = conv_graph_shapes(in_, out_, k_, batch);
+  spec.precision = precision_;
+  spec.pad = pad_;
+  spec.stride = stride_;
+  spec.key = conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_);
+  auto make = [&](ConvDirection d, float beta) {
+    spec.beta = beta;
+    std::string why;
+    std::unique_ptr<GraphConv> g = GraphConv::make(ctx, d, spec, kMaxWorkspace, &why);
+    if (!g)
+      ctx.warn_once(detail::concat("graph-fallback ", spec.key, " ", to_string(d)),
+                    detail::concat("op ", layer_, ": ", to_string(d), " convolution through cuDNN's graph API: ", why,
+                                   "; the legacy call runs it"));
+    return g;
+  };
+  p.graph_fwd = make(ConvDirection::kForward, 0.0f);
+  p.graph_data = make(ConvDirection::kBackwardData, 0.0f);
+  p.graph_filter = make(ConvDirection::kBackwardFilter, is_half(precision_) ? 0.0f : 1.0f);
+}
+
+// Whether a graph may run on these operands (Note [graph engines]): the
+// alignment it promised cuDNN; otherwise the legacy call, said once.
+bool CudnnConv::graph_fits(cuda::Context& ctx, const GraphConv* g, std::initializer_list<const void*> operands) const {
+  if (!g) return false;
+  for (const void* o : operands)
+    if (!graph_aligned(o)) {
+      ctx.warn_once("graph-alignment", detail::concat("op ", layer_, ": an operand is not ", kGraphAlignment,
+                                                      "-byte aligned, so the legacy convolution call runs it"));
+      return false;
+    }
+  return true;
+}
+
 void CudnnConv::run_forward(cuda::Context& ctx, const Plan& p, const void* x, const void* w, void* y) {
+  if (graph_fits(ctx, p.graph_fwd.get(), {x, w, y})) return p.graph_fwd->run(ctx, x, w, y);
   const float one = 1.0f, zero = 0.0f;  // float in every precision (fp32 accumulation)
   void* ws = ctx.workspace(p.fwd_bytes);
   DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p.fwd_math));
@@ -311,6 +359,8 @@ void CudnnConv::run_forward(cuda::Context& ctx, const Plan& p, const void* x, co
 
 void CudnnConv::run_backward_filter(cuda::Context& ctx, const Plan& p, const void* x, const void* dy, float beta,
                                     void* dw) {
+  if (graph_fits(ctx, p.graph_filter.get(), {x, dy, dw}) && p.graph_filter->beta() == beta)
+    return p.graph_filter->run(ctx, x, dw, dy);
   const float one = 1.0f;
   void* ws = ctx.workspace(p.bwd_filter_bytes);
   DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p.bwd_filter_math));
@@ -319,6 +369,7 @@ void CudnnConv::run_backward_filter(cuda::Context& ctx, const Plan& p, const voi
 }
 
 void CudnnConv::run_backward_data(cuda::Context& ctx, const Plan& p, const void* w, const void* dy, void* dx) {
+  if (graph_fits(ctx, p.graph_data.get(), {w, dy, dx})) return p.graph_data->run(ctx, dx, w, dy);
   // beta = 0 overwrites dx without reading it.
   const float one = 1.0f, zero = 0.0f;
   void* ws = ctx.workspace(p.bwd_data_bytes);

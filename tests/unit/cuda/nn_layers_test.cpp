@@ -25,6 +25,18 @@ using nn_cuda_test::on_grid;
 class CudaLayers : public nn_cuda_test::GpuTest {
  protected:
   void check(const Graph& g, size_t op, int batch);
+  // check() with the proven kernels, then with --gpu-kernels next's
+  // (BatchNorm's split sums, Note [batch norm sums]; convolutions through
+  // cuDNN's graph API, Note [graph engines]).
+  template <typename Check>
+  void both_kernels(Check&& check_all) {
+    for (const bool next : {false, true}) {
+      SCOPED_TRACE(next ? "--gpu-kernels next" : "--gpu-kernels proven");
+      ctx().set_next_kernels(next);
+      check_all();
+    }
+    ctx().set_next_kernels(false);
+  }
 };
 
 // Convolution inputs and parameters on a grid (nn_cuda_test::on_grid), the
@@ -151,25 +163,33 @@ Graph one_op(Shape in, Add&& add) {
 
 TEST_F(CudaLayers, ConvReluPoolLenetConv1) {
   const Graph g = one_op({1, 28, 28}, [](GraphBuilder& b, int x) { return b.conv_relu_pool("conv1", x, 20, 3); });
-  for (int batch : {7, 64}) check(g, 0, batch);
+  both_kernels([&] {
+    for (int batch : {7, 64}) check(g, 0, batch);
+  });
 }
 
 TEST_F(CudaLayers, ConvReluPoolLenetConv2) {
   const Graph g = one_op({20, 13, 13}, [](GraphBuilder& b, int x) { return b.conv_relu_pool("conv2", x, 50, 5); });
-  for (int batch : {7, 64}) check(g, 0, batch);
+  both_kernels([&] {
+    for (int batch : {7, 64}) check(g, 0, batch);
+  });
 }
 
 TEST_F(CudaLayers, Conv2dPadded) {
   const Graph g = one_op({3, 12, 10}, [](GraphBuilder& b, int x) { return b.conv("conv", x, 8, 3, 1, 1); });
-  for (int batch : {7, 64}) check(g, 0, batch);
+  both_kernels([&] {
+    for (int batch : {7, 64}) check(g, 0, batch);
+  });
 }
 
 // ResNet-18's strided convolutions: 3x3 padded, and the 1x1 projection.
 TEST_F(CudaLayers, Conv2dStride2) {
   const Graph g = one_op({4, 11, 9}, [](GraphBuilder& b, int x) { return b.conv("conv_s2", x, 6, 3, 2, 1); });
-  for (int batch : {5, 32}) check(g, 0, batch);
   const Graph p = one_op({64, 7, 7}, [](GraphBuilder& b, int x) { return b.conv("conv3", x, 128, 1, 2, 0); });
-  for (int batch : {5, 32}) check(p, 0, batch);
+  both_kernels([&] {
+    for (int batch : {5, 32}) check(g, 0, batch);
+    for (int batch : {5, 32}) check(p, 0, batch);
+  });
 }
 
 TEST_F(CudaLayers, AvgPool2dOddSizes) {
@@ -191,15 +211,12 @@ TEST_F(CudaLayers, ReLU) {
 // blocks a channel (next, Note [batch norm sums]); 16 x 28 x 28 at batch 32
 // is 25088 values a channel, cut into several runs.
 TEST_F(CudaLayers, BatchNorm2dTrainAndEval) {
-  for (const bool next : {false, true}) {
-    SCOPED_TRACE(next ? "--gpu-kernels next" : "--gpu-kernels proven");
-    ctx().set_next_kernels(next);
+  both_kernels([&] {
     for (const Shape& in : {Shape{64, 7, 7}, Shape{16, 28, 28}}) {
       const Graph g = one_op(in, [](GraphBuilder& b, int x) { return b.batch_norm("bn", x); });
       for (int batch : {3, 32}) check(g, 0, batch);
     }
-  }
-  ctx().set_next_kernels(false);
+  });
 }
 
 // The residual add, with and without its ReLU (op 1: it reads the input and

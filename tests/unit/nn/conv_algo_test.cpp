@@ -80,5 +80,62 @@ TEST(ConvAlgo, PlanKeyNamesEverythingTheTimingDependsOn) {
     EXPECT_NE(other, key);
 }
 
+// Note [graph engines]: which of cuDNN's graph engines may run, by their
+// notes and workspace.
+TEST(GraphEngines, StrictFp32RefusesTensorCoresTf32AndHalvesWantThem) {
+  EngineNotes tensor_core;
+  tensor_core.tensor_core = true;
+  EXPECT_FALSE(graph_engine_candidate(tensor_core, Precision::F32, 0, 1).usable) << "TF32 in strict fp32";
+  for (Precision p : {Precision::TF32, Precision::BF16, Precision::F16})
+    EXPECT_TRUE(graph_engine_candidate(tensor_core, p, 0, 1).usable) << to_string(p);
+  for (Precision p : {Precision::F32, Precision::TF32, Precision::BF16, Precision::F16})
+    EXPECT_TRUE(graph_engine_candidate(EngineNotes{}, p, 0, 1).usable) << "plain FMA engine, " << to_string(p);
+}
+
+TEST(GraphEngines, NarrowerInputsOrSumsAndStartUpCompilationAreNeverTaken) {
+  EngineNotes down, reduced, compiled;
+  down.down_convert = true;
+  reduced.reduced_reduction = true;
+  compiled.runtime_compilation = true;
+  for (const EngineNotes& n : {down, reduced, compiled})
+    for (Precision p : {Precision::F32, Precision::TF32, Precision::BF16, Precision::F16}) {
+      EXPECT_FALSE(graph_notes_usable(n, p)) << to_string(p);
+      EXPECT_FALSE(graph_engine_candidate(n, p, 0, 1).usable) << to_string(p);
+    }
+}
+
+TEST(GraphEngines, WorkspaceCapAndDeterminism) {
+  EngineNotes atomic;
+  atomic.nondeterministic = true;
+  EXPECT_TRUE(graph_engine_candidate(EngineNotes{}, Precision::TF32, 512, 512).usable);
+  EXPECT_FALSE(graph_engine_candidate(EngineNotes{}, Precision::TF32, 513, 512).usable);
+  EXPECT_TRUE(graph_engine_candidate(EngineNotes{}, Precision::TF32, 0, 512).deterministic);
+  const ConvAlgoCandidate a = graph_engine_candidate(atomic, Precision::TF32, 0, 512);
+  EXPECT_TRUE(a.usable);
+  EXPECT_FALSE(a.deterministic);
+  // Ranked as algorithms are: a deterministic engine after an atomic one is taken.
+  EXPECT_EQ(choose_conv_algo({a, graph_engine_candidate(EngineNotes{}, Precision::TF32, 0, 512)}).index, 1);
+}
+
+// The graph's tensors are the layers' own memory: packed NCHW, filters as
+// PyTorch keeps them, the same three in every direction.
+TEST(GraphEngines, TensorsArePackedNchwAsTheLayersKeepThem) {
+  const ConvGraphShapes s = conv_graph_shapes({64, 28, 28}, {128, 14, 14}, 3, 256);
+  EXPECT_EQ(s.x.dims, (std::array<int64_t, 4>{256, 64, 28, 28}));
+  EXPECT_EQ(s.x.strides, (std::array<int64_t, 4>{64 * 28 * 28, 28 * 28, 28, 1}));
+  EXPECT_EQ(s.w.dims, (std::array<int64_t, 4>{128, 64, 3, 3}));
+  EXPECT_EQ(s.w.strides, (std::array<int64_t, 4>{64 * 9, 9, 3, 1}));
+  EXPECT_EQ(s.y.dims, (std::array<int64_t, 4>{256, 128, 14, 14}));
+  EXPECT_EQ(s.y.strides, (std::array<int64_t, 4>{128 * 196, 196, 14, 1}));
+}
+
+TEST(GraphEngines, OperandsOffTheAlignmentRunTheLegacyWay) {
+  alignas(16) static float buf[8];
+  EXPECT_TRUE(graph_aligned(buf));
+  EXPECT_TRUE(graph_aligned(buf + 4));
+  EXPECT_FALSE(graph_aligned(buf + 1));
+  EXPECT_FALSE(graph_aligned(reinterpret_cast<const char*>(buf) + 8));
+}
+
 }  // namespace
 }  // namespace ddp::nn

@@ -23,7 +23,9 @@
 // only.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -92,5 +94,71 @@ inline std::string conv_plan_key(Shape in, int out_c, int k, int stride, int pad
   return to_string(in) + " -> " + std::to_string(out_c) + " k" + std::to_string(k) + " s" + std::to_string(stride) +
          " p" + std::to_string(pad) + ", batch " + std::to_string(batch) + ", " + to_string(p);
 }
+
+// Note [graph engines]: with --gpu-kernels next each direction of a
+// convolution (forward, backward data, backward filter) is a one-operation
+// graph of cuDNN's graph (backend) API, run by an engine that cuDNN's
+// heuristics (mode A, then its fallback list) offer; the legacy API's eight
+// algorithms a direction do not include every engine the graph API has
+// (PyTorch reaches Hopper's TF32 implicit-GEMM kernels through it). Each
+// engine comes with notes, and these rules decide which may run:
+// - none that converts its inputs to a narrower type, sums in less than
+//   fp32, or compiles a kernel at start-up (seconds per geometry);
+// - in strict fp32 none on tensor cores (for fp32 data that means TF32:
+//   Note [fma math] in src/nn/cuda/cudnn_conv.cu); in TF32 and 16 bits they
+//   are what is wanted;
+// - its workspace within the cap;
+// - a nondeterministic engine is usable but ranked after deterministic ones
+//   (Note [conv algorithms]); --deterministic takes deterministic ones only.
+// Engines are then chosen as algorithms are: the first usable deterministic
+// one in the heuristics' order, or with --cudnn-benchmark the timed choice
+// (choose_timed_algo). A direction no engine may run falls back, said once,
+// to the legacy algorithm.
+struct EngineNotes {
+  bool tensor_core = false;          // CUDNN_NUMERICAL_NOTE_TENSOR_CORE
+  bool down_convert = false;         // CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS
+  bool reduced_reduction = false;    // CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION
+  bool nondeterministic = false;     // CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC
+  bool runtime_compilation = false;  // CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION
+};
+
+// Whether the notes alone rule an engine out, before its plan is built.
+inline bool graph_notes_usable(const EngineNotes& n, Precision p) {
+  if (n.down_convert || n.reduced_reduction || n.runtime_compilation) return false;
+  return p != Precision::F32 || !n.tensor_core;
+}
+
+inline ConvAlgoCandidate graph_engine_candidate(const EngineNotes& n, Precision p, size_t workspace,
+                                                size_t workspace_cap) {
+  return {graph_notes_usable(n, p) && workspace <= workspace_cap, !n.nondeterministic};
+}
+
+// A graph's tensor: sizes and strides in elements, outermost first (N, C,
+// H, W; filters K, C, R, S), as cuDNN's backend tensors take them.
+struct GraphTensor {
+  std::array<int64_t, 4> dims{}, strides{};
+};
+
+inline GraphTensor packed_nchw(int64_t n, int64_t c, int64_t h, int64_t w) {
+  return {{n, c, h, w}, {c * h * w, h * w, w, 1}};
+}
+
+// A convolution's three tensors in the layout the layers keep (packed
+// NCHW; filters [out_c, in_c, k, k], PyTorch's), the same in every
+// direction: backward data writes x's shape, backward filter w's.
+struct ConvGraphShapes {
+  GraphTensor x, w, y;
+};
+
+inline ConvGraphShapes conv_graph_shapes(Shape in, Shape out, int k, int batch) {
+  return {packed_nchw(batch, in.c, in.h, in.w), packed_nchw(out.c, in.c, k, k),
+          packed_nchw(batch, out.c, out.h, out.w)};
+}
+
+// The alignment the graphs promise cuDNN for every operand; an operand
+// that is not so aligned runs through the legacy API.
+constexpr int64_t kGraphAlignment = 16;
+
+inline bool graph_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kGraphAlignment == 0; }
 
 }  // namespace ddp::nn

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -69,6 +70,8 @@ size_t staging_bytes(const std::vector<size_t>& bytes);  // what those pieces ta
 
 // A cuDNN convolution of one geometry (nn/cuda/cudnn_conv.cu): the descriptors, and
 // per batch size the algorithms chosen once (Note [conv algorithms]).
+class GraphConv;  // nn/cuda/cudnn_graph.hpp
+
 class CudnnConv {
  public:
   // out: the conv output shape the graph computed; checked against cuDNN's.
@@ -98,6 +101,10 @@ class CudnnConv {
   // or timed (Note [measured algorithms]) where the context asks for it.
   void rank_algorithms(cuda::Context& ctx, Plan& p);
   void time_algorithms(cuda::Context& ctx, Plan& p, int batch);
+  // --gpu-kernels next: the plan's graphs (Note [graph engines]), and
+  // whether one may run on these operands.
+  void graph_plans(cuda::Context& ctx, Plan& p, int batch);
+  bool graph_fits(cuda::Context& ctx, const GraphConv* g, std::initializer_list<const void*> operands) const;
   void describe();  // the descriptors, for precision_
   void release();   // destroys them
   int64_t weight_numel() const { return int64_t(out_.c) * in_.c * k_ * k_; }

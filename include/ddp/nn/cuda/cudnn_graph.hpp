@@ -1,0 +1,57 @@
+// One direction of one convolution as a graph of cuDNN's graph (backend)
+// API, with the engine Note [graph engines] (nn/cuda/conv_algo.hpp) chose:
+// what CudnnConv runs with --gpu-kernels next. For .cu files only.
+#pragma once
+
+#include <cudnn.h>
+
+#include <memory>
+#include <string>
+
+#include "ddp/nn/cuda/conv_algo.hpp"     // ConvGraphShapes, Note [graph engines]
+#include "ddp/nn/precision.hpp"          // Precision
+#include "ddp/runtime/cuda_context.hpp"  // cuda::Context
+
+namespace ddp::nn {
+
+enum class ConvDirection { kForward, kBackwardData, kBackwardFilter };
+const char* to_string(ConvDirection d);  // "forward", "backward-data", "backward-filter"
+
+// What a convolution graph is made of: the geometry, its precision, and the
+// beta its output is written with (backward filter: dw = beta * dw + ...).
+struct ConvGraphSpec {
+  ConvGraphShapes shapes;
+  Precision precision = Precision::F32;
+  int64_t pad = 0, stride = 1;
+  float beta = 0;
+  std::string key;  // conv_plan_key: the timed choice's cache key
+};
+
+class GraphConv {
+ public:
+  // The direction's graph and execution plan; nullptr where no engine may
+  // run it, with the reason in *why (the caller falls back to the legacy
+  // API and says so). Under --cudnn-benchmark the usable engines are timed
+  // once per geometry and direction (Note [measured algorithms]).
+  static std::unique_ptr<GraphConv> make(cuda::Context& ctx, ConvDirection d, const ConvGraphSpec& spec,
+                                         size_t workspace_cap, std::string* why);
+  ~GraphConv();
+  GraphConv(const GraphConv&) = delete;
+  GraphConv& operator=(const GraphConv&) = delete;
+
+  size_t workspace() const;
+  float beta() const;
+  // The convolution on the context's compute stream; x, w, y are the input,
+  // filters and output of the forward convolution or, as the direction
+  // reads and writes them, their gradients (backward data writes x's
+  // place, backward filter w's). Each kGraphAlignment-aligned.
+  void run(cuda::Context& ctx, const void* x, const void* w, const void* y) const;
+
+  struct Impl;
+
+ private:
+  explicit GraphConv(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp::nn

@@ -1,0 +1,349 @@
+// Note [graph engines] (nn/cuda/conv_algo.hpp): a convolution direction as
+// a one-operation graph of cuDNN's backend API, its engines from cuDNN's
+// heuristics, filtered by their notes, ranked or timed, and the chosen
+// one's execution plan kept for the run.
+#include "ddp/nn/cuda/cudnn_graph.hpp"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "ddp/core/error.hpp"          // DDP_FAIL, Error, detail::concat
+#include "ddp/runtime/cuda_check.hpp"  // DDP_CUDNN_CHECK, DDP_CUDA_CHECK
+
+namespace ddp::nn {
+
+const char* to_string(ConvDirection d) {
+  switch (d) {
+    case ConvDirection::kForward: return "forward";
+    case ConvDirection::kBackwardData: return "backward-data";
+    case ConvDirection::kBackwardFilter: return "backward-filter";
+  }
+  return "?";
+}
+
+namespace {
+
+// The three tensors' ids in every graph and variant pack.
+constexpr int64_t kX = 1, kW = 2, kY = 3;
+// The heuristics' engines looked at, and of those the most timed.
+constexpr int64_t kMaxConfigs = 16;
+constexpr int kMaxTimed = 8;
+
+// A backend descriptor, destroyed with its owner.
+class Desc {
+ public:
+  Desc() = default;
+  explicit Desc(cudnnBackendDescriptorType_t type) { DDP_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_)); }
+  Desc(Desc&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
+  Desc& operator=(Desc&& o) noexcept {
+    std::swap(d_, o.d_);
+    return *this;
+  }
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+  ~Desc() {
+    if (d_) cudnnBackendDestroyDescriptor(d_);
+  }
+  cudnnBackendDescriptor_t get() const { return d_; }
+  void set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count, const void* values) {
+    DDP_CUDNN_CHECK(cudnnBackendSetAttribute(d_, name, type, count, values));
+  }
+  void set(cudnnBackendAttributeName_t name, const Desc& other) {
+    const cudnnBackendDescriptor_t o = other.get();
+    set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o);
+  }
+  void finalize() { DDP_CUDNN_CHECK(cudnnBackendFinalize(d_)); }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+cudnnDataType_t data_type(Precision p) {
+  switch (p) {
+    case Precision::BF16: return CUDNN_DATA_BFLOAT16;
+    case Precision::F16: return CUDNN_DATA_HALF;
+    default: return CUDNN_DATA_FLOAT;
+  }
+}
+
+Desc tensor(const GraphTensor& t, int64_t uid, cudnnDataType_t type) {
+  Desc d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  const int64_t align = kGraphAlignment;
+  d.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+  d.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, t.dims.data());
+  d.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, t.strides.data());
+  d.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+  d.set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
+  d.finalize();
+  return d;
+}
+
+// Cross-correlation (PyTorch's convolution), fp32 accumulation in every
+// precision (autocast's).
+Desc convolution(int64_t pad, int64_t stride) {
+  Desc d(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  const int64_t dims = 2, pads[2] = {pad, pad}, strides[2] = {stride, stride}, dilations[2] = {1, 1};
+  const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  d.set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims);
+  d.set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
+  d.set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+  d.set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pads);
+  d.set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pads);
+  d.set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilations);
+  d.set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, strides);
+  d.finalize();
+  return d;
+}
+
+// The backend's attribute names of each direction's operation.
+struct OpAttrs {
+  cudnnBackendDescriptorType_t type;
+  cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+};
+
+OpAttrs op_attrs(ConvDirection d) {
+  switch (d) {
+    case ConvDirection::kForward:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,      CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA};
+    case ConvDirection::kBackwardData:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA};
+    case ConvDirection::kBackwardFilter: break;
+  }
+  return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
+}
+
+// What a finalised graph keeps alive: its tensors, convolution and
+// operation descriptors, and the graph itself.
+struct OpGraph {
+  Desc x, w, y, conv, op, graph;
+};
+
+// False (with the status in *why) where cuDNN will not take the graph.
+bool make_graph(cuda::Context& ctx, ConvDirection d, const ConvGraphSpec& s, OpGraph* g, std::string* why) {
+  const cudnnDataType_t type = data_type(s.precision);
+  g->x = tensor(s.shapes.x, kX, type);
+  g->w = tensor(s.shapes.w, kW, type);
+  g->y = tensor(s.shapes.y, kY, type);
+  g->conv = convolution(s.pad, s.stride);
+  const OpAttrs a = op_attrs(d);
+  g->op = Desc(a.type);
+  const float alpha = 1.0f;
+  g->op.set(a.x, g->x);
+  g->op.set(a.w, g->w);
+  g->op.set(a.y, g->y);
+  g->op.set(a.conv, g->conv);
+  g->op.set(a.alpha, CUDNN_TYPE_FLOAT, 1, &alpha);
+  g->op.set(a.beta, CUDNN_TYPE_FLOAT, 1, &s.beta);
+  g->op.finalize();
+  g->graph = Desc(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  const cudnnBackendDescriptor_t ops[1] = {g->op.get()};
+  g->graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, ops);
+  const cudnnHandle_t handle = ctx.dnn();
+  g->graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  const cudnnStatus_t st = cudnnBackendFinalize(g->graph.get());
+  if (st == CUDNN_STATUS_SUCCESS) return true;
+  *why = detail::concat("the graph was refused (", cudnnGetErrorString(st), ")");
+  return false;
+}
+
+// The engine configurations cuDNN's heuristics offer in `mode`, best first.
+std::vector<Desc> engine_configs(const OpGraph& g, cudnnBackendHeurMode_t mode) {
+  Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g.graph);
+  heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  if (cudnnBackendFinalize(heur.get()) != CUDNN_STATUS_SUCCESS) return {};
+  int64_t count = 0;
+  DDP_CUDNN_CHECK(
+      cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+  count = std::min(count, kMaxConfigs);
+  std::vector<Desc> configs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; i < count; ++i) {
+    configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    raw.push_back(configs.back().get());
+  }
+  int64_t got = 0;
+  if (count > 0)
+    DDP_CUDNN_CHECK(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                             count, &got, raw.data()));
+  configs.resize(size_t(std::clamp<int64_t>(got, 0, count)));
+  return configs;
+}
+
+EngineNotes notes_of(const Desc& config) {
+  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  cudnnBackendDescriptor_t raw = engine.get();
+  int64_t n = 0;
+  DDP_CUDNN_CHECK(
+      cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &raw));
+  EngineNotes out;
+  cudnnBackendNumericalNote_t numerical[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  DDP_CUDNN_CHECK(cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                           CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, numerical));
+  for (int64_t i = 0; i < n; ++i) {
+    out.tensor_core |= numerical[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE;
+    out.down_convert |= numerical[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS;
+    out.reduced_reduction |= numerical[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION;
+    out.nondeterministic |= numerical[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
+  }
+  cudnnBackendBehaviorNote_t behavior[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
+  DDP_CUDNN_CHECK(cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
+                                           CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &n, behavior));
+  for (int64_t i = 0; i < n; ++i) out.runtime_compilation |= behavior[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION;
+  return out;
+}
+
+// An engine configuration's execution plan; false where cuDNN will not
+// build it for this graph.
+bool make_plan(cuda::Context& ctx, const Desc& config, Desc* plan, size_t* workspace) {
+  Desc p(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  const cudnnHandle_t handle = ctx.dnn();
+  p.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  p.set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
+  if (cudnnBackendFinalize(p.get()) != CUDNN_STATUS_SUCCESS) return false;
+  int64_t n = 0, bytes = 0;
+  DDP_CUDNN_CHECK(
+      cudnnBackendGetAttribute(p.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &bytes));
+  *plan = std::move(p);
+  *workspace = size_t(std::max<int64_t>(bytes, 0));
+  return true;
+}
+
+cudnnStatus_t execute(cuda::Context& ctx, const Desc& plan, const void* x, const void* w, const void* y, void* ws) {
+  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  void* ptrs[3] = {const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)};
+  const int64_t uids[3] = {kX, kW, kY};
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+  pack.finalize();
+  return cudnnBackendExecute(ctx.dnn(), plan.get(), pack.get());
+}
+
+// One engine the heuristics offered, with its plan where its notes let it
+// be built.
+struct Engine {
+  Desc config, plan;
+  EngineNotes notes;
+  size_t workspace = 0;
+  ConvAlgoCandidate candidate;
+};
+
+std::vector<Engine> engines(cuda::Context& ctx, const OpGraph& g, Precision p, size_t cap) {
+  std::vector<Engine> out;
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    for (Desc& c : engine_configs(g, mode)) {
+      Engine e;
+      e.config = std::move(c);
+      e.notes = notes_of(e.config);
+      if (graph_notes_usable(e.notes, p) && make_plan(ctx, e.config, &e.plan, &e.workspace))
+        e.candidate = graph_engine_candidate(e.notes, p, e.workspace, cap);
+      out.push_back(std::move(e));
+    }
+    // The fallback list only where the heuristics offered nothing usable.
+    if (std::any_of(out.begin(), out.end(), [](const Engine& e) { return e.candidate.usable; })) break;
+  }
+  return out;
+}
+
+// Note [measured algorithms] for engines: each usable one (the first
+// kMaxTimed) run once to warm up, then three times between two events, on
+// scratch operands of the graph's shapes.
+std::vector<TimedAlgo> time_engines(cuda::Context& ctx, const ConvGraphSpec& s, const std::vector<Engine>& es,
+                                    size_t cap) {
+  const size_t elem = is_half(s.precision) ? 2 : 4;
+  auto bytes = [&](const GraphTensor& t) { return size_t(t.dims[0] * t.strides[0]) * elem; };
+  void* x = ctx.alloc(bytes(s.shapes.x));
+  void* w = ctx.alloc(bytes(s.shapes.w));
+  void* y = ctx.alloc(bytes(s.shapes.y));
+  void* ws = ctx.alloc(std::max<size_t>(cap, 1));
+  // Zeros: a beta of 1 reads the output.
+  DDP_CUDA_CHECK(cudaMemsetAsync(x, 0, bytes(s.shapes.x), ctx.compute()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(w, 0, bytes(s.shapes.w), ctx.compute()));
+  DDP_CUDA_CHECK(cudaMemsetAsync(y, 0, bytes(s.shapes.y), ctx.compute()));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  DDP_CUDA_CHECK(cudaEventCreate(&start));
+  DDP_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<TimedAlgo> timed(es.size());
+  int tried = 0;
+  for (size_t i = 0; i < es.size() && tried < kMaxTimed; ++i) {
+    if (!es[i].candidate.usable) continue;
+    ++tried;
+    bool ok = execute(ctx, es[i].plan, x, w, y, ws) == CUDNN_STATUS_SUCCESS;
+    DDP_CUDA_CHECK(cudaEventRecord(start, ctx.compute()));
+    for (int r = 0; r < 3 && ok; ++r) ok = execute(ctx, es[i].plan, x, w, y, ws) == CUDNN_STATUS_SUCCESS;
+    DDP_CUDA_CHECK(cudaEventRecord(stop, ctx.compute()));
+    DDP_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    timed[i] = {ok, es[i].candidate.deterministic, ms / 3};
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  for (void* b : {x, w, y, ws}) ctx.free(b);
+  return timed;
+}
+
+}  // namespace
+
+struct GraphConv::Impl {
+  OpGraph graph;
+  Engine engine;
+  float beta = 0;
+};
+
+GraphConv::GraphConv(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GraphConv::~GraphConv() = default;
+size_t GraphConv::workspace() const { return impl_->engine.workspace; }
+float GraphConv::beta() const { return impl_->beta; }
+
+std::unique_ptr<GraphConv> GraphConv::make(cuda::Context& ctx, ConvDirection d, const ConvGraphSpec& spec,
+                                           size_t workspace_cap, std::string* why) {
+  auto impl = std::make_unique<Impl>();
+  impl->beta = spec.beta;
+  if (!make_graph(ctx, d, spec, &impl->graph, why)) return nullptr;
+  std::vector<Engine> es = engines(ctx, impl->graph, spec.precision, workspace_cap);
+  const bool deterministic = ctx.deterministic();
+  int index = -1;
+  if (ctx.benchmark()) {
+    // The timed choice by geometry and direction: a repeated layer is timed once.
+    std::vector<int>& cached = ctx.timed_algorithms()[detail::concat("graph ", to_string(d), ": ", spec.key)];
+    if (cached.empty()) cached = {choose_timed_algo(time_engines(ctx, spec, es, workspace_cap), deterministic).index};
+    index = cached[0];
+  } else {
+    std::vector<ConvAlgoCandidate> ranked;
+    for (const Engine& e : es) ranked.push_back(e.candidate);
+    const ConvAlgoChoice c = choose_conv_algo(ranked);
+    index = (c.deterministic || !deterministic) ? c.index : -1;
+  }
+  if (index < 0 || size_t(index) >= es.size() || !es[size_t(index)].candidate.usable) {
+    *why = detail::concat("none of the ", es.size(), " engines offered may run it",
+                          deterministic ? " deterministically" : "", " (Note [graph engines])");
+    return nullptr;
+  }
+  if (!es[size_t(index)].candidate.deterministic)
+    ctx.warn_once("graph-nondeterministic",
+                  detail::concat("the ", to_string(d), " convolution engine chosen for ", spec.key,
+                                 " is not deterministic, so repeated and resumed runs may differ in the last bits"));
+  impl->engine = std::move(es[size_t(index)]);
+  return std::unique_ptr<GraphConv>(new GraphConv(std::move(impl)));
+}
+
+void GraphConv::run(cuda::Context& ctx, const void* x, const void* w, const void* y) const {
+  void* ws = ctx.workspace(impl_->engine.workspace);
+  const cudnnStatus_t st = execute(ctx, impl_->engine.plan, x, w, y, ws);
+  if (st != CUDNN_STATUS_SUCCESS) DDP_FAIL("cuDNN graph execution: ", cudnnGetErrorString(st));
+}
+
+}  // namespace ddp::nn
