@@ -26,13 +26,17 @@
 #       (fp32 against TF32 off, tf32 against its default, bf16 and fp16
 #       against autocast + channels_last + cudnn.benchmark), on 20480
 #       synthetic images (DDP_BENCH_IMAGES), into OUT/bench.txt.
+#   scripts/gpu-check.sh profile [DIR] [OUT] there: where ResNet-18's GPU
+#       step goes, from --trace's GPU tracks (bench/gpu_kernels.py), for each
+#       of GPU_PROFILE's flag sets (';'-separated), into OUT/profile.txt;
+#       seconds, not Nsight's minutes.
 #
 # The test binaries carry the absolute paths they were built with (the
 # ddp_train they start, the data, mpiexec); `run` makes those paths lead to
 # DIR's copies where they do not exist there.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-mode=${1:?usage: gpu-check.sh prepare|run|learn|bench|nccl [DIR] [OUT]}
+mode=${1:?usage: gpu-check.sh prepare|run|learn|bench|nccl|profile [DIR] [OUT]}
 dir=$(realpath -m "${2:-$root/.devdeps}")
 
 case $mode in
@@ -57,7 +61,7 @@ prepare)
   } >"$dir/paths"
   echo "gpu-check: $(du -sh "$dir" | cut -f1) in $dir; there: scripts/gpu-check.sh run $(basename "$dir")"
   ;;
-run | learn | bench | nccl)
+run | learn | bench | nccl | profile)
   out=$(realpath -m "${3:-${OUT:-$dir/out}}")
   mkdir -p "$out"
   # shellcheck disable=SC1091
@@ -80,6 +84,19 @@ run | learn | bench | nccl)
   # No step may hold the call past its limit: each check and benchmark run
   # has its own (seconds).
   step=${GPU_CHECK_STEP_S:-300}
+  if [[ $mode == profile ]]; then
+    IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision tf32 --cudnn-benchmark --gpu-kernels next;--precision bf16 --cudnn-benchmark --gpu-kernels next;--precision fp32}"
+    for i in "${!sets[@]}"; do
+      echo "=== ResNet-18, batch 256, ${sets[i]}" >>"$out/profile.txt"
+      # shellcheck disable=SC2086
+      timeout -k 10 "$step" "$dir/bin/ddp_train" --device cuda --backend nccl --model resnet18 --synthetic 5120 \
+        --epochs 1 --batch-size 256 --lr 0.1 --quiet --trace "$out/p$i.json" --trace-steps 10:14 ${sets[i]} \
+        >>"$out/profile.txt" 2>&1 && python3 "$root/bench/gpu_kernels.py" "$out/p$i.rank0.json" --top 40 >>"$out/profile.txt" 2>&1 \
+        || echo "profile ${sets[i]} failed ($?)" >>"$out/profile.txt"
+    done
+    cat "$out/profile.txt"
+    exit 0
+  fi
   if [[ $mode == bench ]]; then
     # Within a device call's 10 minutes: ResNet-18 over fewer epochs.
     # GPU_BENCH: model:precision:reps:epochs[:our flags, comma-separated],

@@ -17,7 +17,16 @@ Trace::Trace(int rank, std::string host, int64_t first, int64_t last, Clock::tim
 
 void Trace::span(int track, const char* category, std::string name, Clock::time_point t0, Clock::time_point t1,
                  Args args) {
-  if (!active_) return;
+  if (active_) record(track, category, std::move(name), t0, t1, std::move(args));
+}
+
+void Trace::device_span(uint32_t stream, const char* category, std::string name, Clock::time_point t0,
+                        Clock::time_point t1, Args args) {
+  record(kFirstGpuStream + int(stream % 1000000u), category, std::move(name), t0, t1, std::move(args));
+}
+
+void Trace::record(int track, const char* category, std::string name, Clock::time_point t0, Clock::time_point t1,
+                   Args args) {
   const auto ns = [&](Clock::time_point t) {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(t - origin_).count();
   };
@@ -35,8 +44,9 @@ std::string Trace::json() const {
   events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"sort_index", rank_}}}});
   std::map<int, std::string> tracks;
   for (const Event& e : events_)
-    tracks.emplace(e.track, e.track >= kFirstBucket ? detail::concat("all-reduce, bucket ", e.track - kFirstBucket)
-                                                    : std::string("step"));
+    tracks.emplace(e.track, e.track >= kFirstGpuStream ? detail::concat("GPU stream ", e.track - kFirstGpuStream)
+                            : e.track >= kFirstBucket  ? detail::concat("all-reduce, bucket ", e.track - kFirstBucket)
+                                                       : std::string("step"));
   for (const auto& [tid, name] : tracks) {
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", tid}, {"args", {{"name", name}}}});
     events.push_back(

@@ -45,6 +45,10 @@ bool Trainer::train_steps(Epoch& e) {
     if (trace_) {
       if (trace_->window_passed(position_.global_step + 1)) write_trace();  // not part of any step's time
       trace_->begin_step(position_.global_step + 1);
+      if (trace_->active() && !device_trace_begun_) {
+        device_trace_begun_ = true;
+        replica_->begin_device_trace();
+      }
     }
     const auto step_start = Clock::now();
     bool more;

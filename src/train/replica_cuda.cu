@@ -25,6 +25,7 @@
 
 #include "ddp/comm/device_communicator.hpp"  // nccl, staged mpi
 #include "ddp/core/error.hpp"                // DDP_CHECK, UsageError
+#include "ddp/core/trace.hpp"                // Trace: --trace's GPU tracks
 #include "ddp/core/finite.hpp"               // first_non_finite
 #include "ddp/deterministic/devices.hpp"     // make_cuda_device: --deterministic's
 #include "ddp/deterministic/exact_sum.hpp"   // make_cuda_exact_sum
@@ -34,6 +35,7 @@
 #include "ddp/runtime/cuda_context.hpp"      // Context, set_device
 #include "ddp/runtime/device.hpp"            // find_shared_gpu
 #include "ddp/runtime/gpu_monitor.hpp"       // GpuMonitor: the start-up table's GPU, memory, utilisation
+#include "ddp/runtime/gpu_trace.hpp"         // GpuTracer: --trace's GPU tracks
 #include "ddp/train/exact_backend.hpp"       // ExactBackend
 #include "ddp/train/replica.hpp"
 
@@ -176,6 +178,27 @@ class CudaBackend final : public Backend, public ExactBackend {
   int threads() const override { return threads_; }
   std::string describe() const override { return device_name() + " " + monitor_->describe(); }
   DeviceUsage usage() override { return {monitor_->mem_peak_mib(), monitor_->util_pct()}; }
+  void begin_device_trace() override {
+    std::string why;
+    tracer_ = cuda::GpuTracer::start(&why);
+    if (!tracer_) ctx_->warn_once("trace-gpu", "--trace: the GPU's own kernels and copies are not recorded: " + why);
+  }
+  // Once every stream is done, so that each recorded activity has ended.
+  void end_device_trace(Trace& trace) override {
+    if (!tracer_) return;
+    DDP_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto at = [](int64_t ns) {
+      return Trace::Clock::time_point(std::chrono::duration_cast<Trace::Clock::duration>(std::chrono::nanoseconds(ns)));
+    };
+    for (cuda::GpuActivity& a : tracer_->stop()) {
+      const bool kernel = a.kind == cuda::GpuActivity::Kind::kKernel;
+      const char* category = kernel ? "gpu kernel" : a.kind == cuda::GpuActivity::Kind::kMemcpy ? "gpu memcpy" : "gpu memset";
+      Trace::Args args;
+      if (!kernel) args.push_back({"bytes", int64_t(a.bytes)});
+      trace.device_span(a.stream, category, std::move(a.name), at(a.start_ns), at(a.end_ns), std::move(args));
+    }
+    tracer_.reset();
+  }
   nn::Device& device() override { return *device_; }
   comm::Communicator& comm() override { return *comm_; }
   void sync(const std::string& what) override { comm_->synchronize(ctx_->compute(), what); }
@@ -266,6 +289,7 @@ class CudaBackend final : public Backend, public ExactBackend {
   int threads_;
   std::unique_ptr<cuda::Context> ctx_;
   std::unique_ptr<cuda::GpuMonitor> monitor_;
+  std::unique_ptr<cuda::GpuTracer> tracer_;  // --trace's GPU tracks, while the window records
   std::unique_ptr<comm::DeviceCommunicator> comm_;
   std::unique_ptr<nn::Device> device_;
   std::unique_ptr<optim::Kernels> kernels_;

@@ -117,7 +117,9 @@ void Trainer::start_trace() {
 }
 
 void Trainer::write_trace() {
-  if (trace_ && !trace_->written()) trace_->write(trace_path_for_rank(cfg_.trace, world_.rank));
+  if (!trace_ || trace_->written()) return;
+  if (device_trace_begun_) replica_->end_device_trace(*trace_);
+  trace_->write(trace_path_for_rank(cfg_.trace, world_.rank));
 }
 
 }  // namespace ddp::train

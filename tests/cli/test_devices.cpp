@@ -6,9 +6,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -240,6 +242,44 @@ TEST_F(GpuTraining, StartupTableNamesTheGpu) {
   const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
   for (const char* part : {" GiB, sm_", ", bus ", ", driver ", ", NCCL "})
     EXPECT_NE(line.find(part), std::string::npos) << part << " in: " << line;
+}
+
+// --trace on a GPU (runtime/gpu_trace.hpp): beside the host's spans, a track
+// per GPU stream with the kernels and copies the device ran, on the host's
+// clock: within the window's steps, give or take the time a launch waits.
+TEST_F(GpuTraining, TraceHasGpuTracks) {
+  const std::string dir = make_temp_dir();
+  auto r = run_ddp_train(1, "--synthetic 2048 --epochs 2 --batch-size 128 --device cuda --trace " + dir +
+                                "/t.json --trace-steps 3:6");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err.find("are not recorded"), std::string::npos) << r.err;
+  const json t = json::parse(read_text(dir + "/t.rank0.json"));
+  std::map<int, std::string> tracks;
+  double first_step = 1e300, last_end = 0;
+  for (const auto& e : t.at("traceEvents")) {
+    if (e["name"] == "thread_name") tracks[e["tid"].get<int>()] = e["args"]["name"].get<std::string>();
+    if (e.value("cat", "") == "step") {
+      first_step = std::min(first_step, e["ts"].get<double>());
+      last_end = std::max(last_end, e["ts"].get<double>() + e["dur"].get<double>());
+    }
+  }
+  ASSERT_LT(first_step, last_end) << "no step spans";
+  int kernels = 0, copies = 0;
+  std::set<std::string> names;
+  for (const auto& e : t.at("traceEvents")) {
+    const std::string cat = e.value("cat", "");
+    if (cat.rfind("gpu ", 0) != 0) continue;
+    (cat == "gpu kernel" ? kernels : copies) += 1;
+    names.insert(e["name"].get<std::string>());
+    EXPECT_EQ(tracks[e["tid"].get<int>()].rfind("GPU stream ", 0), 0u) << e.dump();
+    // Launched in the window, ended before the trace was written.
+    EXPECT_GE(e["ts"].get<double>(), first_step - 1000.0) << e.dump();
+    EXPECT_GE(e["dur"].get<double>(), 0.0) << e.dump();
+  }
+  EXPECT_GE(kernels, 4 * 10) << "four steps of LeNet, forward and backward";
+  EXPECT_GE(copies, 4) << "each step's batch copied to the GPU";
+  EXPECT_EQ(names.count("memcpy HtoD"), 1u);
+  remove_tree(dir);
 }
 
 // Every epoch's record has each rank's GPU memory high-water mark and, where

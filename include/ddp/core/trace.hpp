@@ -1,8 +1,9 @@
 // ddp::Trace: one rank's timeline for --trace, written as Chrome trace-event
 // JSON (Perfetto, chrome://tracing). The rank is the process (pid), a track
-// is a thread (tid): the step's own thread, and one track per bucket for its
+// is a thread (tid): the step's own thread, one track per bucket for its
 // all-reduce from launch to completion, since the all-reduces of one step
-// overlap each other and spans on one track must nest.
+// overlap each other and spans on one track must nest, and on a GPU one
+// track per stream for what the device ran (runtime/gpu_trace.hpp).
 //
 // Recording is cheap but not free, so it happens only while a step of the
 // window (--trace-steps) runs, and whatever follows it before the next step
@@ -22,7 +23,7 @@ class Trace {
   using Clock = std::chrono::steady_clock;
   // A span's arguments: integers only (steps, indices, bytes).
   using Args = std::vector<std::pair<const char*, int64_t>>;
-  enum Track : int { kStep = 1, kFirstBucket = 100 };
+  enum Track : int { kStep = 1, kFirstBucket = 100, kFirstGpuStream = 100000 };
 
   // Steps first..last (global steps, 1-based, inclusive) of the rank's run
   // on host `host`; times are counted from `origin`, which every rank takes
@@ -42,6 +43,11 @@ class Trace {
   // A complete span on a track (nothing when not active).
   void span(int track, const char* category, std::string name, Clock::time_point t0, Clock::time_point t1,
             Args args = {});
+  // A span the device ran on its stream `stream` (a kernel, a copy): kept
+  // whether or not a step is active, since the device's records arrive
+  // after the window; the recorder bounds them to it.
+  void device_span(uint32_t stream, const char* category, std::string name, Clock::time_point t0,
+                   Clock::time_point t1, Args args = {});
   // The Chrome trace JSON of what was recorded, with the names of the
   // process ("rank R (host)") and of every track used.
   std::string json() const;
@@ -51,6 +57,8 @@ class Trace {
   size_t events() const { return events_.size(); }
 
  private:
+  void record(int track, const char* category, std::string name, Clock::time_point t0, Clock::time_point t1,
+              Args args);
   struct Event {
     int track;
     const char* category;

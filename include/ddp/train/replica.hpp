@@ -133,6 +133,11 @@ class Backend {
   virtual std::string describe() const { return ""; }
   // The device's own figures (GPUs); CPUs have none.
   virtual DeviceUsage usage() { return {}; }
+  // --trace on a GPU: what the device itself runs (kernels, copies) is
+  // recorded from begin_device_trace() on, and end_device_trace() puts it
+  // on the trace's GPU tracks; CPUs have nothing beyond the host's spans.
+  virtual void begin_device_trace() {}
+  virtual void end_device_trace(Trace& /*trace*/) {}
 };
 
 // The CPU backend: host memory, the MPI communicator, the kernels on
@@ -193,6 +198,9 @@ class Replica {
   // The step's parts, each op and each bucket's all-reduce as spans of
   // trace while it records (nullptr: none).
   void set_trace(Trace* trace);
+  // The device's own activity on the trace's GPU tracks (Backend's).
+  void begin_device_trace() { backend_->begin_device_trace(); }
+  void end_device_trace(Trace& trace) { backend_->end_device_trace(trace); }
   // Evaluation (BatchNorm on its running statistics) of one batch, counted
   // in the sums' eval_samples and eval_correct.
   void eval_batch(const data::Batch& batch);

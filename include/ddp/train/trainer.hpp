@@ -120,6 +120,7 @@ class Trainer {
   // global_step and samples_consumed counted on by every step.
   checkpoint::RunState position_;
   std::unique_ptr<Trace> trace_;
+  bool device_trace_begun_ = false;  // the window's first step began: the device is recorded
   std::unique_ptr<Reporter> report_;
   StepStats run_steps_;  // every step of this run, for the summary
   RunSummary summary_;

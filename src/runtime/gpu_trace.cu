@@ -1,0 +1,199 @@
+// GpuTracer (runtime/gpu_trace.hpp): CUPTI's activity API, loaded with
+// dlopen; its records land in buffers CUPTI asks us for and hands back full
+// (on its own thread, or at a flush), which are read into GpuActivity.
+#include "ddp/runtime/gpu_trace.hpp"
+
+#include <cupti.h>
+#include <dlfcn.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <type_traits>
+
+namespace ddp::cuda {
+
+namespace {
+
+constexpr size_t kBufferBytes = size_t(8) << 20;
+
+// The running tracer's records: CUPTI's callbacks take no user data.
+std::mutex g_mutex;
+std::vector<GpuActivity>* g_records = nullptr;
+
+const char* copy_kind(uint8_t kind) {
+  switch (kind) {
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "memcpy HtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "memcpy DtoH";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "memcpy DtoD";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP: return "memcpy PtoP";
+    default: return "memcpy";
+  }
+}
+
+}  // namespace
+
+// The entry points used, looked up in CUPTI's library by their C names.
+struct GpuTracer::Cupti {
+  void* lib = nullptr;
+  CUptiResult (*get_version)(uint32_t*) = nullptr;
+  CUptiResult (*register_callbacks)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc) = nullptr;
+  CUptiResult (*enable)(CUpti_ActivityKind) = nullptr;
+  CUptiResult (*disable)(CUpti_ActivityKind) = nullptr;
+  CUptiResult (*flush_all)(uint32_t) = nullptr;
+  CUptiResult (*next_record)(uint8_t*, size_t, CUpti_Activity**) = nullptr;
+  CUptiResult (*timestamp)(uint64_t*) = nullptr;
+  int64_t host_minus_cupti_ns = 0;  // steady clock - CUPTI's clock, measured at start
+  bool enabled = false;
+  std::vector<GpuActivity> records;
+
+  static constexpr CUpti_ActivityKind kKinds[3] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                                                    CUPTI_ACTIVITY_KIND_MEMSET};
+
+  ~Cupti() {
+    stop();
+    if (lib) dlclose(lib);
+  }
+  void stop() {
+    if (!enabled) return;
+    enabled = false;
+    for (CUpti_ActivityKind k : kKinds) disable(k);
+    flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_records == &records) g_records = nullptr;
+  }
+
+  static Cupti* active;  // for the completion callback's reading of records
+
+  static void CUPTIAPI requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+    *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
+    *size = *buffer ? kBufferBytes : 0;
+    *max_records = 0;
+  }
+
+  static void CUPTIAPI completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    Cupti* c = active;
+    if (c && g_records) {
+      CUpti_Activity* r = nullptr;
+      while (c->next_record(buffer, valid, &r) == CUPTI_SUCCESS) c->read(r, *g_records);
+    }
+    std::free(buffer);
+  }
+
+  void read(const CUpti_Activity* r, std::vector<GpuActivity>& out) const {
+    GpuActivity a;
+    uint64_t start = 0, end = 0;
+    switch (r->kind) {
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+      case CUPTI_ACTIVITY_KIND_KERNEL: {
+        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(r);
+        a.kind = GpuActivity::Kind::kKernel;
+        a.name = kernel_display_name(k->name);
+        a.stream = k->streamId;
+        start = k->start;
+        end = k->end;
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
+        a.kind = GpuActivity::Kind::kMemcpy;
+        a.name = copy_kind(m->copyKind);
+        a.stream = m->streamId;
+        a.bytes = m->bytes;
+        start = m->start;
+        end = m->end;
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMSET: {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(r);
+        a.kind = GpuActivity::Kind::kMemset;
+        a.name = "memset";
+        a.stream = m->streamId;
+        a.bytes = m->bytes;
+        start = m->start;
+        end = m->end;
+        break;
+      }
+      default: return;
+    }
+    a.start_ns = int64_t(start) + host_minus_cupti_ns;
+    a.end_ns = int64_t(end) + host_minus_cupti_ns;
+    out.push_back(std::move(a));
+  }
+};
+
+GpuTracer::Cupti* GpuTracer::Cupti::active = nullptr;
+
+GpuTracer::GpuTracer(std::unique_ptr<Cupti> cupti) : cupti_(std::move(cupti)) {}
+
+GpuTracer::~GpuTracer() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (Cupti::active == cupti_.get()) Cupti::active = nullptr;
+}
+
+std::unique_ptr<GpuTracer> GpuTracer::start(std::string* why) {
+  auto c = std::make_unique<Cupti>();
+  const std::string lib = "libcupti.so." + std::to_string(CUPTI_API_VERSION / 10000);
+  for (const std::string& name : {lib, std::string("libcupti.so")}) {
+    c->lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (c->lib) break;
+  }
+  if (!c->lib) {
+    *why = "CUPTI's library (" + lib + ") is not on the library path";
+    return nullptr;
+  }
+  auto sym = [&](auto& fn, const char* name) { fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(c->lib, name)); };
+  sym(c->get_version, "cuptiGetVersion");
+  sym(c->register_callbacks, "cuptiActivityRegisterCallbacks");
+  sym(c->enable, "cuptiActivityEnable");
+  sym(c->disable, "cuptiActivityDisable");
+  sym(c->flush_all, "cuptiActivityFlushAll");
+  sym(c->next_record, "cuptiActivityGetNextRecord");
+  sym(c->timestamp, "cuptiGetTimestamp");
+  if (!c->get_version || !c->register_callbacks || !c->enable || !c->disable || !c->flush_all || !c->next_record ||
+      !c->timestamp) {
+    *why = "CUPTI's library lacks an entry point of the activity API";
+    return nullptr;
+  }
+  uint32_t version = 0;
+  // The records are read as this CUDA major's CUPTI lays them out.
+  if (c->get_version(&version) != CUPTI_SUCCESS || version / 10000 != CUPTI_API_VERSION / 10000) {
+    *why = "CUPTI's API version " + std::to_string(version) + " is not this program's (" +
+           std::to_string(CUPTI_API_VERSION) + ")";
+    return nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (Cupti::active) {
+      *why = "another GPU trace is being recorded";
+      return nullptr;
+    }
+    Cupti::active = c.get();
+    g_records = &c->records;
+  }
+  uint64_t cupti_now = 0;
+  const auto host_now = std::chrono::steady_clock::now().time_since_epoch();
+  c->timestamp(&cupti_now);
+  c->host_minus_cupti_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(host_now).count() - int64_t(cupti_now);
+  bool ok = c->register_callbacks(&Cupti::requested, &Cupti::completed) == CUPTI_SUCCESS;
+  for (CUpti_ActivityKind k : Cupti::kKinds) ok = ok && c->enable(k) == CUPTI_SUCCESS;
+  c->enabled = true;
+  if (!ok) {
+    *why = "CUPTI refused to record kernel and copy activity (another profiler attached?)";
+    c->stop();
+    std::lock_guard<std::mutex> lock(g_mutex);
+    Cupti::active = nullptr;
+    return nullptr;
+  }
+  return std::unique_ptr<GpuTracer>(new GpuTracer(std::move(c)));
+}
+
+std::vector<GpuActivity> GpuTracer::stop() {
+  cupti_->stop();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return std::move(cupti_->records);
+}
+
+}  // namespace ddp::cuda
