@@ -80,8 +80,8 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
                                   "within 5% of it"
                                 : "cuDNN's heuristics' first deterministic one")
         << (cfg.gpu_kernels == "next" ? "; --gpu-kernels next: BatchNorm's sums over many blocks a channel (its layer "
-                                        "test has passed on a GPU), convolutions through cuDNN's graph API (not yet "
-                                        "run on a GPU)"
+                                        "test has passed on a GPU); convolutions through cuDNN's graph API and "
+                                        "their bias gradients summed as BatchNorm's (not yet run on a GPU)"
                                       : "");
   if (cfg.precision == "tf32") {
     out << "\nddp_train: precision tf32: convolutions and linear layers multiply on TF32 tensor cores (mantissas cut "

@@ -238,6 +238,18 @@ void CudaBatchNorm::launch_sums(int images, const float* x, const float* mean, c
   DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
 }
 
+void channel_sums_cuda(cuda::Context& ctx, const float* x, int images, int c, int hw, double* parts, double* out) {
+  const int64_t values = int64_t(images) * hw;
+  DDP_CHECK(values < (int64_t(1) << 31), values, " values a channel in one call; at most 2^31 are supported");
+  const BnSplit plan = plan_bn_split(values, c, ctx.sms());
+  const cudaStream_t s = ctx.compute();
+  bn_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c)), kThreads, 0, s>>>(values, plan.per_split, c, hw, x,
+                                                                                   nullptr, parts);
+  DDP_CUDA_CHECK_LAUNCH(bn_run_sums_kernel);
+  bn_runs_kernel<<<cuda_grid(c), kCudaThreads, 0, s>>>(c, plan.splits, parts, out);
+  DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
+}
+
 void CudaBatchNorm::reduce(size_t n, const std::string& what) {
   if (!stats_) return;
   stats_->sync_device(op_.name + ": " + what);  // Note [bounded copies to the host]

@@ -60,6 +60,11 @@ void planes_from_half_cuda(float* y, const uint16_t* yh, const float* b, int64_t
 // a bias's gradient (a linear layer's: pixels = 1).
 void channel_grad_from_half_cuda(float* db, const uint16_t* dyh, int64_t images, int channels, int64_t pixels,
                                  Precision p, cudaStream_t stream);
+// Note [batch norm sums]'s runs for any packed NCHW tensor: out[ch] = the
+// sum of x over channel ch's images x hw values, in double, each channel
+// cut into runs by plan_bn_split and the runs added in order (the same bits
+// every call); parts holds max_bn_splits(c, ctx.sms()) * c doubles.
+void channel_sums_cuda(cuda::Context& ctx, const float* x, int images, int c, int hw, double* parts, double* out);
 // The context's staging memory cut into pieces of these many bytes, each
 // 256-byte aligned; valid until the next call on this context. An op's
 // forward sizes the staging memory for its backward's pieces
@@ -105,6 +110,8 @@ class CudnnConv {
   // whether one may run on these operands.
   void graph_plans(cuda::Context& ctx, Plan& p, int batch);
   bool graph_fits(cuda::Context& ctx, const GraphConv* g, std::initializer_list<const void*> operands) const;
+  // --gpu-kernels next: db += the sum of dy per channel (fp32).
+  void bias_grad(cuda::Context& ctx, int batch, const float* dy, float* db);
   void describe();  // the descriptors, for precision_
   void release();   // destroys them
   int64_t weight_numel() const { return int64_t(out_.c) * in_.c * k_ * k_; }
@@ -128,6 +135,7 @@ class CudnnConv {
   cudnnConvolutionDescriptor_t conv_desc_ = nullptr;
   cudnnTensorDescriptor_t bias_desc_ = nullptr;
   std::map<int, std::unique_ptr<Plan>> plans_;  // by batch size
+  cuda::DeviceBuffer bias_sums_;                // bias_grad's partial and channel sums
 };
 
 // One class per op kind; each is made for one op of a graph.
