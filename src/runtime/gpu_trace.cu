@@ -51,10 +51,9 @@ struct GpuTracer::Cupti {
   static constexpr CUpti_ActivityKind kKinds[3] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                                     CUPTI_ACTIVITY_KIND_MEMSET};
 
-  ~Cupti() {
-    stop();
-    if (lib) dlclose(lib);
-  }
+  // CUPTI stays loaded: once enabled it is attached to the CUDA driver,
+  // which may still call into it until the process ends.
+  ~Cupti() { stop(); }
   void stop() {
     if (!enabled) return;
     enabled = false;
