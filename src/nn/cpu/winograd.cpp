@@ -267,18 +267,33 @@ size_t transform_scratch(const Tiles& t, int nb) { return size_t(t.planes()) * n
 // chunk's tiles, reading each plane and writing each row of V in order,
 // which the compiler vectorises however small the images (a 4x4 image is
 // one F(4x4) tile; a per-image loop would run a vector's single lane).
+// Note [tile planes]' gather of one input row: D[a][b][j] = rb[M j + b],
+// where rb is the row padded (rb[k] = x column k - 1, zero outside the
+// image). Elements b < M of every tile are the row cut into M phases, one
+// interleaved pass the compiler vectorises; elements b >= M (the N - M = 2
+// a tile shares with the next) are phase b - M one tile on.
+template <int M, typename T>
+[[gnu::always_inline]] inline void gather_row(const T* __restrict rb, int tw, int64_t n, T* __restrict row) {
+  constexpr int N = M + 2;
+  for (int j = 0; j < tw; ++j)
+#pragma GCC unroll 4
+    for (int b = 0; b < M; ++b) row[b * n + j] = rb[M * j + b];
+  for (int b = M; b < N; ++b) {
+    std::copy_n(row + (b - M) * n + 1, tw - 1, row + b * n);
+    row[b * n + tw - 1] = rb[M * (tw - 1) + b];
+  }
+}
+
 template <int M, typename T>
 void transform_input(const Tiles& t, int C, const T* x, int nb, int64_t in_img, int64_t ld, T* v, T* scratch) {
   using W = Wino<M>;
   constexpr int N = W::N;
   const int64_t plane = int64_t(C) * ld, per = t.per_image(), n = nb * per;
   T* dp = scratch;  // D[a][b] at (a N + b) n
-  // Tile columns j whose element b lies inside the image: x column M j + b - 1 in [0, w).
-  int j0[N], j1[N];
-  for (int b = 0; b < N; ++b) {
-    j0[b] = b == 0 ? 1 : 0;
-    j1[b] = std::clamp(t.w - b + M < M ? 0 : (t.w - b + M) / M, 0, t.tw);
-  }
+  // The padded row: x's row at rb[1 .. w], zeros around it, as long as the
+  // last tile's block reaches (M tw + N - M).
+  std::vector<T> padded(static_cast<size_t>(M * t.tw + N), T(0));
+  T* rb = padded.data();
   for (int c = 0; c < C; ++c) {
     for (int im = 0; im < nb; ++im) {
       const T* xc = x + im * in_img + int64_t(c) * t.h * t.w;
@@ -290,14 +305,8 @@ void transform_input(const Tiles& t, int C, const T* x, int nb, int64_t in_img, 
             for (int b = 0; b < N; ++b) std::fill_n(row + b * n, t.tw, T(0));
             continue;
           }
-          const T* src = xc + int64_t(r) * t.w;
-          for (int b = 0; b < N; ++b) {
-            T* dst = row + b * n;
-            int j = 0;
-            for (; j < std::min(j0[b], j1[b]); ++j) dst[j] = T(0);
-            for (const T* from = src + M * j + b - 1; j < j1[b]; ++j, from += M) dst[j] = *from;
-            for (; j < t.tw; ++j) dst[j] = T(0);
-          }
+          std::copy_n(xc + int64_t(r) * t.w, t.w, rb + 1);
+          gather_row<M>(rb, t.tw, n, row);
         }
     }
     T* vc = v + int64_t(c) * ld;
@@ -305,6 +314,29 @@ void transform_input(const Tiles& t, int C, const T* x, int nb, int64_t in_img, 
 #pragma GCC ivdep
     for (int64_t p = 0; p < n; ++p) transform_planes<N, N, N, N>(dp + p, n, vc + p, plane, op);
   }
+}
+
+// One row of an image and its M residue planes: dst[M j + p] = src[p n + j]
+// for the w columns (interleave_row), and back (deinterleave_row, which
+// leaves a partial last tile's columns past w as they were). The whole
+// tiles in one interleaved pass the compiler vectorises, the partial one
+// after it.
+template <int M, typename T>
+[[gnu::always_inline]] inline void interleave_row(const T* __restrict src, int64_t n, int w, T* __restrict dst) {
+  const int whole = w / M;
+  for (int j = 0; j < whole; ++j)
+#pragma GCC unroll 4
+    for (int p = 0; p < M; ++p) dst[M * j + p] = src[p * n + j];
+  for (int xx = whole * M; xx < w; ++xx) dst[xx] = src[(xx - whole * M) * n + whole];
+}
+
+template <int M, typename T>
+[[gnu::always_inline]] inline void deinterleave_row(const T* __restrict src, int w, int64_t n, T* __restrict dst) {
+  const int whole = w / M;
+  for (int j = 0; j < whole; ++j)
+#pragma GCC unroll 4
+    for (int p = 0; p < M; ++p) dst[p * n + j] = src[M * j + p];
+  for (int xx = whole * M; xx < w; ++xx) dst[(xx - whole * M) * n + whole] = src[xx];
 }
 
 // y (K planes of each of nb images, out_img apart) = A^T M A for every
@@ -326,12 +358,9 @@ void transform_output(const Tiles& t, int K, const T* m, int nb, int64_t ld, con
     for (int64_t p = 0; p < n; ++p) transform_planes<N, N, M, M>(mk + p, plane, o + p, n, op, b);
     for (int im = 0; im < nb; ++im) {
       T* yk = y + im * out_img + int64_t(k) * t.h * t.w;
-      for (int yy = 0; yy < t.h; ++yy) {
-        const T* src = o + int64_t(yy % M) * M * n + im * per + int64_t(yy / M) * t.tw;
-        T* dst = yk + int64_t(yy) * t.w;
-        for (int pc = 0; pc < M; ++pc, src += n)
-          for (int j = 0, xx = pc; xx < t.w; ++j, xx += M) dst[xx] = src[j];
-      }
+      for (int yy = 0; yy < t.h; ++yy)
+        interleave_row<M>(o + int64_t(yy % M) * M * n + im * per + int64_t(yy / M) * t.tw, n, t.w,
+                          yk + int64_t(yy) * t.w);
     }
   }
 }
@@ -353,12 +382,9 @@ void transform_output_grad(const Tiles& t, int K, const T* dy, int nb, int64_t o
     if (t.h % M || t.w % M) std::fill(scratch, scratch + M * M * n, T(0));
     for (int im = 0; im < nb; ++im) {
       const T* dk = dy + im * out_img + int64_t(k) * t.h * t.w;
-      for (int yy = 0; yy < t.h; ++yy) {
-        T* row = q + int64_t(yy % M) * M * n + im * per + int64_t(yy / M) * t.tw;
-        const T* src = dk + int64_t(yy) * t.w;
-        for (int cp = 0; cp < M; ++cp, row += n)
-          for (int j = 0, xx = cp; xx < t.w; ++j, xx += M) row[j] = src[xx];
-      }
+      for (int yy = 0; yy < t.h; ++yy)
+        deinterleave_row<M>(dk + int64_t(yy) * t.w, t.w, n, q + int64_t(yy % M) * M * n + im * per +
+                                                                 int64_t(yy / M) * t.tw);
     }
     T* mk = m + int64_t(k) * ld;
     const auto op = [](const T* in, T* out) { W::output_grad(in, out); };
