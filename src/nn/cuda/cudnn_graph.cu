@@ -308,9 +308,13 @@ GraphConv::~GraphConv() = default;
 size_t GraphConv::workspace() const { return impl_->engine.workspace; }
 float GraphConv::beta() const { return impl_->beta; }
 
-std::unique_ptr<GraphConv> GraphConv::make(cuda::Context& ctx, ConvDirection d, const ConvGraphSpec& spec,
-                                           size_t workspace_cap, std::string* why) {
-  auto impl = std::make_unique<Impl>();
+namespace {
+
+// GraphConv::make's work: the graph, its engines, the choice; nullptr (and
+// *why) where no engine may run it.
+std::unique_ptr<GraphConv::Impl> choose_engine(cuda::Context& ctx, ConvDirection d, const ConvGraphSpec& spec,
+                                               size_t workspace_cap, std::string* why) {
+  auto impl = std::make_unique<GraphConv::Impl>();
   impl->beta = spec.beta;
   if (!make_graph(ctx, d, spec, &impl->graph, why)) return nullptr;
   std::vector<Engine> es = engines(ctx, impl->graph, spec.precision, workspace_cap);
@@ -337,7 +341,23 @@ std::unique_ptr<GraphConv> GraphConv::make(cuda::Context& ctx, ConvDirection d, 
                   detail::concat("the ", to_string(d), " convolution engine chosen for ", spec.key,
                                  " is not deterministic, so repeated and resumed runs may differ in the last bits"));
   impl->engine = std::move(es[size_t(index)]);
-  return std::unique_ptr<GraphConv>(new GraphConv(std::move(impl)));
+  return impl;
+}
+
+}  // namespace
+
+// A descriptor cuDNN refuses on the way (an attribute this version does not
+// take, say) is a reason to fall back, not an error of the run.
+std::unique_ptr<GraphConv> GraphConv::make(cuda::Context& ctx, ConvDirection d, const ConvGraphSpec& spec,
+                                           size_t workspace_cap, std::string* why) {
+  try {
+    std::unique_ptr<Impl> impl = choose_engine(ctx, d, spec, workspace_cap, why);
+    if (!impl) return nullptr;
+    return std::unique_ptr<GraphConv>(new GraphConv(std::move(impl)));
+  } catch (const Error& e) {
+    *why = e.what();
+    return nullptr;
+  }
 }
 
 void GraphConv::run(cuda::Context& ctx, const void* x, const void* w, const void* y) const {
