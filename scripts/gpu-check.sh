@@ -25,7 +25,8 @@
 #       for ResNet-18 and LeNet, each precision against PyTorch's like
 #       (fp32 against TF32 off, tf32 against its default, bf16 and fp16
 #       against autocast + channels_last + cudnn.benchmark), on 20480
-#       synthetic images (DDP_BENCH_IMAGES), into OUT/bench.txt.
+#       synthetic images (DDP_BENCH_IMAGES), into OUT/bench.txt, then
+#       what `profile` does.
 #   scripts/gpu-check.sh profile [DIR] [OUT] there: where ResNet-18's GPU
 #       step goes, from --trace's GPU tracks (bench/gpu_kernels.py), for each
 #       of GPU_PROFILE's flag sets (';'-separated), into OUT/profile.txt;
@@ -84,19 +85,6 @@ run | learn | bench | nccl | profile)
   # No step may hold the call past its limit: each check and benchmark run
   # has its own (seconds).
   step=${GPU_CHECK_STEP_S:-300}
-  if [[ $mode == profile ]]; then
-    IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision tf32 --cudnn-benchmark --gpu-kernels next;--precision bf16 --cudnn-benchmark --gpu-kernels next;--precision fp32}"
-    for i in "${!sets[@]}"; do
-      echo "=== ResNet-18, batch 256, ${sets[i]}" >>"$out/profile.txt"
-      # shellcheck disable=SC2086
-      timeout -k 10 "$step" "$dir/bin/ddp_train" --device cuda --backend nccl --model resnet18 --synthetic 5120 \
-        --epochs 1 --batch-size 256 --lr 0.1 --quiet --trace "$out/p$i.json" --trace-steps 10:14 ${sets[i]} \
-        >>"$out/profile.txt" 2>&1 && python3 "$root/bench/gpu_kernels.py" "$out/p$i.rank0.json" --top 40 >>"$out/profile.txt" 2>&1 \
-        || echo "profile ${sets[i]} failed ($?)" >>"$out/profile.txt"
-    done
-    cat "$out/profile.txt"
-    exit 0
-  fi
   if [[ $mode == bench ]]; then
     # Within a device call's 10 minutes: ResNet-18 over fewer epochs.
     # GPU_BENCH: model:precision:reps:epochs[:our flags, comma-separated],
@@ -110,6 +98,19 @@ run | learn | bench | nccl | profile)
         || echo "bench $model $p ${flag:-} failed ($?)" >>"$out/bench.txt"
     done
     cat "$out/bench.txt"
+  fi
+  # The benchmark ends with the kernel breakdown of our step.
+  if [[ $mode == profile || $mode == bench ]]; then
+    IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision tf32 --cudnn-benchmark --gpu-kernels next;--precision bf16 --cudnn-benchmark --gpu-kernels next;--precision fp32}"
+    for i in "${!sets[@]}"; do
+      echo "=== ResNet-18, batch 256, ${sets[i]}" >>"$out/profile.txt"
+      # shellcheck disable=SC2086
+      timeout -k 10 "$step" "$dir/bin/ddp_train" --device cuda --backend nccl --model resnet18 --synthetic 5120 \
+        --epochs 1 --batch-size 256 --lr 0.1 --quiet --trace "$out/p$i.json" --trace-steps 10:14 ${sets[i]} \
+        >>"$out/profile.txt" 2>&1 && python3 "$root/bench/gpu_kernels.py" "$out/p$i.rank0.json" --top 40 >>"$out/profile.txt" 2>&1 \
+        || echo "profile ${sets[i]} failed ($?)" >>"$out/profile.txt"
+    done
+    cat "$out/profile.txt"
     exit 0
   fi
   # Each test binary's output into one log (what comes back from a device
