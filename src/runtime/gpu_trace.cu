@@ -18,9 +18,9 @@ namespace {
 
 constexpr size_t kBufferBytes = size_t(8) << 20;
 
-// The running tracer's records: CUPTI's callbacks take no user data.
+// Guards GpuTracer::Cupti::active, the running tracer, which CUPTI's
+// callbacks (they take no user data) read into.
 std::mutex g_mutex;
-std::vector<GpuActivity>* g_records = nullptr;
 
 const char* copy_kind(uint8_t kind) {
   switch (kind) {
@@ -60,10 +60,10 @@ struct GpuTracer::Cupti {
     for (CUpti_ActivityKind k : kKinds) disable(k);
     flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (g_records == &records) g_records = nullptr;
+    if (active == this) active = nullptr;
   }
 
-  static Cupti* active;  // for the completion callback's reading of records
+  static Cupti* active;  // recording: the completion callback reads into its records
 
   static void CUPTIAPI requested(uint8_t** buffer, size_t* size, size_t* max_records) {
     *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
@@ -73,10 +73,9 @@ struct GpuTracer::Cupti {
 
   static void CUPTIAPI completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
     std::lock_guard<std::mutex> lock(g_mutex);
-    Cupti* c = active;
-    if (c && g_records) {
+    if (Cupti* c = active) {
       CUpti_Activity* r = nullptr;
-      while (c->next_record(buffer, valid, &r) == CUPTI_SUCCESS) c->read(r, *g_records);
+      while (c->next_record(buffer, valid, &r) == CUPTI_SUCCESS) c->read(r, c->records);
     }
     std::free(buffer);
   }
@@ -84,6 +83,14 @@ struct GpuTracer::Cupti {
   void read(const CUpti_Activity* r, std::vector<GpuActivity>& out) const {
     GpuActivity a;
     uint64_t start = 0, end = 0;
+    const auto transfer = [&](const auto* m, GpuActivity::Kind kind, const char* name) {
+      a.kind = kind;
+      a.name = name;
+      a.stream = m->streamId;
+      a.bytes = m->bytes;
+      start = m->start;
+      end = m->end;
+    };
     switch (r->kind) {
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
       case CUPTI_ACTIVITY_KIND_KERNEL: {
@@ -97,24 +104,12 @@ struct GpuTracer::Cupti {
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
-        a.kind = GpuActivity::Kind::kMemcpy;
-        a.name = copy_kind(m->copyKind);
-        a.stream = m->streamId;
-        a.bytes = m->bytes;
-        start = m->start;
-        end = m->end;
+        transfer(m, GpuActivity::Kind::kMemcpy, copy_kind(m->copyKind));
         break;
       }
-      case CUPTI_ACTIVITY_KIND_MEMSET: {
-        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(r);
-        a.kind = GpuActivity::Kind::kMemset;
-        a.name = "memset";
-        a.stream = m->streamId;
-        a.bytes = m->bytes;
-        start = m->start;
-        end = m->end;
+      case CUPTI_ACTIVITY_KIND_MEMSET:
+        transfer(reinterpret_cast<const CUpti_ActivityMemset4*>(r), GpuActivity::Kind::kMemset, "memset");
         break;
-      }
       default: return;
     }
     a.start_ns = int64_t(start) + host_minus_cupti_ns;
@@ -127,10 +122,7 @@ GpuTracer::Cupti* GpuTracer::Cupti::active = nullptr;
 
 GpuTracer::GpuTracer(std::unique_ptr<Cupti> cupti) : cupti_(std::move(cupti)) {}
 
-GpuTracer::~GpuTracer() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (Cupti::active == cupti_.get()) Cupti::active = nullptr;
-}
+GpuTracer::~GpuTracer() = default;  // Cupti's stops recording
 
 std::unique_ptr<GpuTracer> GpuTracer::start(std::string* why) {
   auto c = std::make_unique<Cupti>();
@@ -170,7 +162,6 @@ std::unique_ptr<GpuTracer> GpuTracer::start(std::string* why) {
       return nullptr;
     }
     Cupti::active = c.get();
-    g_records = &c->records;
   }
   uint64_t cupti_now = 0;
   const auto host_now = std::chrono::steady_clock::now().time_since_epoch();
@@ -182,8 +173,6 @@ std::unique_ptr<GpuTracer> GpuTracer::start(std::string* why) {
   if (!ok) {
     *why = "CUPTI refused to record kernel and copy activity (another profiler attached?)";
     c->stop();
-    std::lock_guard<std::mutex> lock(g_mutex);
-    Cupti::active = nullptr;
     return nullptr;
   }
   return std::unique_ptr<GpuTracer>(new GpuTracer(std::move(c)));

@@ -224,27 +224,23 @@ void CudaBatchNorm::launch_sums(int images, const float* x, const float* mean, c
   const int64_t values = int64_t(images) * hw_;
   DDP_CHECK(values < (int64_t(1) << 31), "BatchNorm2d ", op_.name, ": ", values,
             " values a channel in one call; at most 2^31 are supported");
+  if (!dy) return channel_sums_cuda(ctx_, x, mean, images, c_, hw_, parts_, out);
   const BnSplit plan = plan_bn_split(values, c_, ctx_.sms());
-  const dim3 grid(unsigned(plan.splits), unsigned(c_));
-  if (!dy) {
-    bn_run_sums_kernel<<<grid, kThreads, 0, s>>>(values, plan.per_split, c_, hw_, x, mean, parts_);
-    DDP_CUDA_CHECK_LAUNCH(bn_run_sums_kernel);
-  } else {
-    bn_run_grad_sums_kernel<<<grid, kThreads, 0, s>>>(values, plan.per_split, c_, hw_, x, mean, dy, parts_);
-    DDP_CUDA_CHECK_LAUNCH(bn_run_grad_sums_kernel);
-  }
-  const int width = dy ? 2 * c_ : c_;
-  bn_runs_kernel<<<cuda_grid(width), kCudaThreads, 0, s>>>(width, plan.splits, parts_, out);
+  bn_run_grad_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c_)), kThreads, 0, s>>>(
+      values, plan.per_split, c_, hw_, x, mean, dy, parts_);
+  DDP_CUDA_CHECK_LAUNCH(bn_run_grad_sums_kernel);
+  bn_runs_kernel<<<cuda_grid(2 * c_), kCudaThreads, 0, s>>>(2 * c_, plan.splits, parts_, out);
   DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
 }
 
-void channel_sums_cuda(cuda::Context& ctx, const float* x, int images, int c, int hw, double* parts, double* out) {
+void channel_sums_cuda(cuda::Context& ctx, const float* x, const float* mean, int images, int c, int hw,
+                       double* parts, double* out) {
   const int64_t values = int64_t(images) * hw;
   DDP_CHECK(values < (int64_t(1) << 31), values, " values a channel in one call; at most 2^31 are supported");
   const BnSplit plan = plan_bn_split(values, c, ctx.sms());
   const cudaStream_t s = ctx.compute();
   bn_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c)), kThreads, 0, s>>>(values, plan.per_split, c, hw, x,
-                                                                                   nullptr, parts);
+                                                                                   mean, parts);
   DDP_CUDA_CHECK_LAUNCH(bn_run_sums_kernel);
   bn_runs_kernel<<<cuda_grid(c), kCudaThreads, 0, s>>>(c, plan.splits, parts, out);
   DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);

@@ -45,14 +45,6 @@ __global__ void add_sums_kernel(int c, const double* __restrict__ sums, float* _
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < c; i += gridDim.x * blockDim.x) db[i] += float(sums[i]);
 }
 
-cudnnDataType_t cudnn_type(Precision p) {
-  switch (p) {
-    case Precision::BF16: return CUDNN_DATA_BFLOAT16;
-    case Precision::F16: return CUDNN_DATA_HALF;
-    default: return CUDNN_DATA_FLOAT;
-  }
-}
-
 // Note [fma math] in fp32, TF32 tensor cores allowed in tf32; tensor cores
 // in 16 bits.
 cudnnMathType_t default_math(Precision p) {
@@ -130,7 +122,7 @@ CudnnConv::CudnnConv(const std::string& op, Shape in, int out_c, int k, int stri
 CudnnConv::~CudnnConv() { release(); }
 
 void CudnnConv::describe() {
-  const cudnnDataType_t type = cudnn_type(precision_);
+  const cudnnDataType_t type = cudnn_data_type(precision_);
   try {
     DDP_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc_));
     // [out_c, in_c, k, k], PyTorch's weight layout.
@@ -177,7 +169,7 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   if (it != plans_.end()) return *it->second;
   DDP_CHECK(batch > 0, "batch ", batch);
   auto p = std::make_unique<Plan>();
-  const cudnnDataType_t type = cudnn_type(precision_);
+  const cudnnDataType_t type = cudnn_data_type(precision_);
   DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->x));
   DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, type, batch, in_.c, in_.h, in_.w));
   DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->y));
@@ -425,7 +417,7 @@ void CudnnConv::bias_grad(cuda::Context& ctx, int batch, const float* dy, float*
   bias_sums_.reserve(ctx, 2 * size_t(c) * size_t(splits + 1));
   auto* parts = reinterpret_cast<double*>(bias_sums_.data());
   double* sums = parts + size_t(c) * size_t(splits);
-  channel_sums_cuda(ctx, dy, batch, c, out_.h * out_.w, parts, sums);
+  channel_sums_cuda(ctx, dy, /*mean=*/nullptr, batch, c, out_.h * out_.w, parts, sums);
   add_sums_kernel<<<cuda_grid(c), kCudaThreads, 0, ctx.compute()>>>(c, sums, db);
   DDP_CUDA_CHECK_LAUNCH(add_sums_kernel);
 }

@@ -13,6 +13,14 @@
 
 namespace ddp::nn {
 
+cudnnDataType_t cudnn_data_type(Precision p) {
+  switch (p) {
+    case Precision::BF16: return CUDNN_DATA_BFLOAT16;
+    case Precision::F16: return CUDNN_DATA_HALF;
+    default: return CUDNN_DATA_FLOAT;
+  }
+}
+
 const char* to_string(ConvDirection d) {
   switch (d) {
     case ConvDirection::kForward: return "forward";
@@ -58,14 +66,6 @@ class Desc {
  private:
   cudnnBackendDescriptor_t d_ = nullptr;
 };
-
-cudnnDataType_t data_type(Precision p) {
-  switch (p) {
-    case Precision::BF16: return CUDNN_DATA_BFLOAT16;
-    case Precision::F16: return CUDNN_DATA_HALF;
-    default: return CUDNN_DATA_FLOAT;
-  }
-}
 
 Desc tensor(const GraphTensor& t, int64_t uid, cudnnDataType_t type) {
   Desc d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
@@ -131,7 +131,7 @@ struct OpGraph {
 
 // False (with the status in *why) where cuDNN will not take the graph.
 bool make_graph(cuda::Context& ctx, ConvDirection d, const ConvGraphSpec& s, OpGraph* g, std::string* why) {
-  const cudnnDataType_t type = data_type(s.precision);
+  const cudnnDataType_t type = cudnn_data_type(s.precision);
   g->x = tensor(s.shapes.x, kX, type);
   g->w = tensor(s.shapes.w, kW, type);
   g->y = tensor(s.shapes.y, kY, type);
@@ -235,7 +235,6 @@ cudnnStatus_t execute(cuda::Context& ctx, const Desc& plan, const void* x, const
 // be built.
 struct Engine {
   Desc config, plan;
-  EngineNotes notes;
   size_t workspace = 0;
   ConvAlgoCandidate candidate;
 };
@@ -246,9 +245,9 @@ std::vector<Engine> engines(cuda::Context& ctx, const OpGraph& g, Precision p, s
     for (Desc& c : engine_configs(g, mode)) {
       Engine e;
       e.config = std::move(c);
-      e.notes = notes_of(e.config);
-      if (graph_notes_usable(e.notes, p) && make_plan(ctx, e.config, &e.plan, &e.workspace))
-        e.candidate = graph_engine_candidate(e.notes, p, e.workspace, cap);
+      const EngineNotes notes = notes_of(e.config);
+      if (graph_notes_usable(notes, p) && make_plan(ctx, e.config, &e.plan, &e.workspace))
+        e.candidate = graph_engine_candidate(notes, p, e.workspace, cap);
       out.push_back(std::move(e));
     }
     // The fallback list only where the heuristics offered nothing usable.

@@ -14,6 +14,10 @@
 
 namespace ddp::nn {
 
+// The type of a convolution's tensors in cuDNN (legacy and graph API
+// alike): fp32 for fp32 and TF32, else the 16-bit format.
+cudnnDataType_t cudnn_data_type(Precision p);
+
 enum class ConvDirection { kForward, kBackwardData, kBackwardFilter };
 const char* to_string(ConvDirection d);  // "forward", "backward-data", "backward-filter"
 

@@ -61,10 +61,12 @@ void planes_from_half_cuda(float* y, const uint16_t* yh, const float* b, int64_t
 void channel_grad_from_half_cuda(float* db, const uint16_t* dyh, int64_t images, int channels, int64_t pixels,
                                  Precision p, cudaStream_t stream);
 // Note [batch norm sums]'s runs for any packed NCHW tensor: out[ch] = the
-// sum of x over channel ch's images x hw values, in double, each channel
-// cut into runs by plan_bn_split and the runs added in order (the same bits
-// every call); parts holds max_bn_splits(c, ctx.sms()) * c doubles.
-void channel_sums_cuda(cuda::Context& ctx, const float* x, int images, int c, int hw, double* parts, double* out);
+// sum of x over channel ch's images x hw values (with mean: of
+// (x - mean[ch])^2), in double, each channel cut into runs by plan_bn_split
+// and the runs added in order (the same bits every call); parts holds
+// max_bn_splits(c, ctx.sms()) * c doubles.
+void channel_sums_cuda(cuda::Context& ctx, const float* x, const float* mean, int images, int c, int hw,
+                       double* parts, double* out);
 // The context's staging memory cut into pieces of these many bytes, each
 // 256-byte aligned; valid until the next call on this context. An op's
 // forward sizes the staging memory for its backward's pieces
