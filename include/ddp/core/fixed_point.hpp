@@ -60,7 +60,7 @@ struct Sink {
   double* max = nullptr;
 };
 
-#if !defined(__CUDACC__) && DDP_NN_SIMD && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#if !defined(__CUDACC__) && DDP_NN_AVX512 && defined(__AVX512DQ__) && defined(__AVX512VL__)
 #define DDP_FIXED_POINT_SIMD 1
 // to_fixed eight elements at a time, element by element the same: the scaled
 // double's magnitude below limit (false for NaN), vcvtpd2qq rounding as rint

@@ -30,10 +30,11 @@ void check_poolable(const ConvGeom& g) {
 }
 
 // Relu + 2x2 mean of one conv output plane (src, OH x OW, before bias) into
-// dst (PH x PW), recording the relu mask rows.
+// dst (PH x PW), recording the relu mask rows. Whole-vector rows (Note
+// [whole-vector rows] in core/simd.hpp): the run dst is part of ends at end.
 template <typename T>
 void relu_pool_plane(const T* src, T bias, int OW, int PH, int PW, int64_t rb, T* dst,
-                     uint8_t* mask) {
+                     uint8_t* mask, const T* end) {
 #if DDP_NN_SIMD
   using S = simd::Vec<T>;
   using V = typename S::V;
@@ -61,10 +62,11 @@ void relu_pool_plane(const T* src, T bias, int OW, int PH, int PW, int64_t rb, T
       b0 = S::keep(kb0, b0);
       b1 = S::keep(kb1, b1);
       const V p = S::mul(S::pair_sum(S::add(a0, b0), S::add(a1, b1)), quarter);
-      S::store(dst + int64_t(ph) * PW + c0 / 2, simd::lanes<T>(0, PW - c0 / 2), p);
+      simd::store_within(dst + int64_t(ph) * PW + c0 / 2, end, simd::lanes<T>(0, PW - c0 / 2), p);
     }
   }
 #else
+  (void)end;
   for (int ph = 0; ph < PH; ++ph) {
     for (int r = 0; r < 2; ++r) std::fill(mask + (2 * ph + r) * rb, mask + (2 * ph + r + 1) * rb, 0);
     for (int pw = 0; pw < PW; ++pw) {
@@ -84,10 +86,11 @@ void relu_pool_plane(const T* src, T bias, int OW, int PH, int PW, int64_t rb, T
 #endif
 }
 
-// d(conv output) of one plane (OH x OW) from the pooled gradient g (PH x PW).
+// d(conv output) of one plane (OH x OW) from the pooled gradient g (PH x PW);
+// whole-vector rows as relu_pool_plane's.
 template <typename T>
 void unpool_plane(const T* g, const uint8_t* mask, int OH, int OW, int PH, int PW, int64_t rb,
-                  T* dst) {
+                  T* dst, const T* end) {
 #if DDP_NN_SIMD
   using S = simd::Vec<T>;
   using V = typename S::V;
@@ -97,7 +100,7 @@ void unpool_plane(const T* g, const uint8_t* mask, int OH, int OW, int PH, int P
   for (int oh = 0; oh < OH; ++oh) {
     T* row = dst + int64_t(oh) * OW;
     if (oh >= 2 * PH) {
-      for (int c0 = 0; c0 < OW; c0 += L) S::store(row + c0, simd::lanes<T>(0, OW - c0), S::zero());
+      for (int c0 = 0; c0 < OW; c0 += L) simd::store_within(row + c0, end, simd::lanes<T>(0, OW - c0), S::zero());
       continue;
     }
     const T* gr = g + int64_t(oh / 2) * PW;
@@ -109,10 +112,12 @@ void unpool_plane(const T* g, const uint8_t* mask, int OH, int OW, int PH, int P
         bits &= simd::lanes<T>(0, 2 * PW - c0);
       }
       const V gv = S::loadz(simd::lanes<T>(0, std::min(L / 2, PW - c0 / 2)), gr + c0 / 2);
-      S::store(row + c0, simd::lanes<T>(0, OW - c0), S::keep(bits, S::mul(S::dup_pairs(gv), quarter)));
+      simd::store_within(row + c0, end, simd::lanes<T>(0, OW - c0),
+                         S::keep(bits, S::mul(S::dup_pairs(gv), quarter)));
     }
   }
 #else
+  (void)end;
   for (int oh = 0; oh < OH; ++oh)
     for (int ow = 0; ow < OW; ++ow) {
       const bool on = oh < 2 * PH && ow < 2 * PW && (mask[oh * rb + ow / 8] >> (ow % 8) & 1u);
@@ -142,8 +147,10 @@ void conv2d_relu_avgpool2_forward(const ConvGeom& g, const T* x, const T* w, con
     for (int i = 0; i < nb; ++i)
       for (int oc = 0; oc < g.out_c; ++oc) {
         const int64_t plane = int64_t(n0 + i) * g.out_c + oc;
+        // The chunk's planes of y, written in address order.
         relu_pool_plane(out + int64_t(oc) * ld + int64_t(i) * OHW, b ? b[oc] : T(0), OW, PH, PW,
-                        rb, y + plane * PH * PW, mask + plane * plane_mask);
+                        rb, y + plane * PH * PW, mask + plane * plane_mask,
+                        y + int64_t(n0 + nb) * g.out_c * PH * PW);
       }
   });
 }
@@ -158,8 +165,9 @@ void conv2d_relu_avgpool2_backward(const ConvGeom& g, const T* x, const T* w, co
     for (int i = 0; i < nb; ++i)
       for (int oc = 0; oc < g.out_c; ++oc) {
         const int64_t plane = int64_t(n0 + i) * g.out_c + oc;
+        // Row oc of dyc: the chunk's planes, written in address order.
         unpool_plane(dy + plane * PH * PW, mask + plane * plane_mask, OH, OW, PH, PW, rb,
-                     dyc + int64_t(oc) * ld + int64_t(i) * OHW);
+                     dyc + int64_t(oc) * ld + int64_t(i) * OHW, dyc + int64_t(oc) * ld + int64_t(nb) * OHW);
       }
   });
 }

@@ -1,5 +1,5 @@
 // im2col / col2im for a chunk of images. Stride-1 rows are moved with masked
-// vector loads and stores (simd.hpp): LeNet's rows are 9 to 26 wide.
+// vector loads (simd.hpp) and whole-vector stores: LeNet's rows are 10 to 28 wide.
 #include "ddp/nn/cpu/im2col.hpp"
 
 #include <algorithm>
@@ -21,8 +21,9 @@ inline void valid_cols(const ConvGeom& g, int kw, int& lo, int& hi) {
 #if DDP_NN_SIMD
 constexpr int kMaxRowVectors = 4;
 
-// Stride 1, output rows of at most kMaxRowVectors vectors (LeNet: 26 and 9
-// wide): masked loads and stores with the masks hoisted out of the loops.
+// Stride 1, output rows of at most kMaxRowVectors vectors (LeNet: 28 and 10
+// wide): masked loads with the masks hoisted out of the loops, whole-vector
+// stores (Note [whole-vector rows] in core/simd.hpp).
 template <typename T>
 void im2col_rows(const ConvGeom& g, const T* x, int nb, int64_t ld, T* col) {
   using S = simd::Vec<T>;
@@ -31,7 +32,7 @@ void im2col_rows(const ConvGeom& g, const T* x, int nb, int64_t ld, T* col) {
   const int OH = g.out_h(), OW = g.out_w(), W = g.in_w;
   const int nv = (OW + L - 1) / L;
   const int64_t plane = int64_t(g.in_h) * W, img = int64_t(g.in_c) * plane;
-  M st[kMaxRowVectors], ldm[kMaxRowVectors];
+  M ldm[kMaxRowVectors], st[kMaxRowVectors];
   for (int v = 0; v < nv; ++v) st[v] = simd::lanes<T>(0, OW - v * L);
   for (int c = 0; c < g.in_c; ++c) {
     for (int kh = 0; kh < g.k; ++kh) {
@@ -40,24 +41,19 @@ void im2col_rows(const ConvGeom& g, const T* x, int nb, int64_t ld, T* col) {
       for (int kw = 0; kw < g.k; ++kw) {
         int lo, hi;
         valid_cols(g, kw, lo, hi);
-        for (int v = 0; v < nv; ++v) ldm[v] = simd::lanes<T>(lo - v * L, hi - v * L) & st[v];
+        for (int v = 0; v < nv; ++v) ldm[v] = simd::lanes<T>(lo - v * L, hi - v * L);
         T* dst = col + (int64_t(c * g.k + kh) * g.k + kw) * ld;
+        const T* end = dst + int64_t(nb) * OH * OW;
         // Row oh of image i starts at base + i*img + oh*W; only lanes in ldm
         // are read, and those lie inside the row.
         const T* base = x + c * plane + (kh - g.pad) * int64_t(W) + (kw - g.pad);
         for (int i = 0; i < nb; ++i, base += img) {
-          int oh = 0;
-          for (; oh < oh_lo; ++oh, dst += OW)
-            for (int v = 0; v < nv; ++v) S::store(dst + v * L, st[v], S::zero());
-          if (nv == 1) {  // the common narrow case without the inner loop
-            for (; oh < oh_hi; ++oh, dst += OW) S::store(dst, st[0], S::loadz(ldm[0], base + oh * W));
-          } else {
-            for (; oh < oh_hi; ++oh, dst += OW)
-              for (int v = 0; v < nv; ++v)
-                S::store(dst + v * L, st[v], S::loadz(ldm[v], base + oh * W + v * L));
+          for (int oh = 0; oh < OH; ++oh, dst += OW) {
+            const bool inside = oh >= oh_lo && oh < oh_hi;
+            for (int v = 0; v < nv; ++v)
+              simd::store_within(dst + v * L, end, st[v],
+                                 inside ? S::loadz(ldm[v], base + oh * W + v * L) : S::zero());
           }
-          for (; oh < OH; ++oh, dst += OW)
-            for (int v = 0; v < nv; ++v) S::store(dst + v * L, st[v], S::zero());
         }
       }
     }
@@ -140,6 +136,7 @@ void col2im_rows(const ConvGeom& g, const T* col, int nb, int64_t ld, T* dx) {
   const int OH = g.out_h(), OW = g.out_w(), OHW = OH * OW, W = g.in_w, k = g.k;
   const int nv = (W + L - 1) / L;
   const int64_t plane = int64_t(g.in_h) * W;
+  const T* end = dx + nb * g.in_c * plane;  // the chunk's dx, written in address order
   // Lane j of segment v is input column v*L + j, output column v*L + j + pad - kw.
   M tap[kMaxRowVectors][kMaxTaps], st[kMaxRowVectors];
   for (int v = 0; v < nv; ++v) {
@@ -165,7 +162,7 @@ void col2im_rows(const ConvGeom& g, const T* col, int nb, int64_t ld, T* dx) {
             }
             if (kw < k) acc0 = S::add(acc0, S::loadz(tap[v][kw], r));
           }
-          S::store(dc + int64_t(ih) * W + v * L, st[v], S::add(acc0, acc1));
+          simd::store_within(dc + int64_t(ih) * W + v * L, end, st[v], S::add(acc0, acc1));
         }
       }
     }

@@ -12,7 +12,7 @@ namespace ddp::nn::cpu {
 
 namespace {
 
-#if DDP_NN_SIMD
+#if DDP_NN_AVX512
 // Rows a[0 .. 7] (lda apart), columns 0 .. 7, into out as 8 groups of 8 (ldo
 // apart): the 8 values of column 0, then of column 1, ... (an 8 x 8
 // transpose).
@@ -48,7 +48,7 @@ void PackedMatrix::pack(bool trans, int m, int k, const float* a, int lda, Threa
     float* out = data_.data() + size_t(p) * size_t(k) * kRows;
     const int i0 = int(p) * kRows, rows = std::min(kRows, m - i0);
     int j = 0;
-#if DDP_NN_SIMD
+#if DDP_NN_AVX512
     // A full panel of a row-major a: 8 x 8 blocks, each a vector transpose.
     static_assert(kRows == 8, "transpose8 packs panels of 8 rows");
     if (!trans && rows == kRows)
@@ -65,7 +65,7 @@ void PackedMatrix::pack(bool trans, int m, int k, const float* a, int lda, Threa
     for (int p = 0; p < panels; ++p) one(p, 0);
 }
 
-#if DDP_NN_SIMD
+#if DDP_NN_AVX512
 namespace {
 
 constexpr int kCols = 32;  // a strip: two vectors

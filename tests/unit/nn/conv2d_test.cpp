@@ -7,6 +7,7 @@
 
 #include "ddp/core/error.hpp"
 #include "ddp/nn/cpu/conv_engine.hpp"  // conv_chunk_images
+#include "ddp/nn/cpu/im2col.hpp"
 #include "ddp/nn/cpu/ops.hpp"
 #include "cpu_model.hpp"
 #include "ddp/nn/graph.hpp"
@@ -303,6 +304,63 @@ TEST(Conv2d, ChunkedBatchAndThreadsEqualSingleImages) {
   EXPECT_LT(max_rel_err(dx3, dx1), 1e-10);
   EXPECT_LT(max_rel_err(dw3, dw1), 1e-10);
   EXPECT_LT(max_rel_err(db3, db1), 1e-10);
+}
+
+// im2col and col2im store short rows as whole vectors whose lanes past a row
+// land on the next (Note [whole-vector rows] in core/simd.hpp): each must
+// still write exactly its nb images' columns, whatever lies around them.
+TEST(Conv2d, Im2colAndCol2imWriteOnlyTheirImages) {
+  const double kUntouched = -1234.5;
+  for (const ConvGeom g : {conv_geom(3, 2, 4, 3, 1, 3, 1, 1),     // 3 wide: many rows a vector
+                           conv_geom(3, 1, 5, 1, 1, 1, 1, 0),     // 1 wide
+                           conv_geom(2, 2, 13, 13, 1, 5, 1, 0),   // LeNet conv2's 9 wide
+                           conv_geom(2, 1, 28, 28, 1, 3, 1, 0),   // conv1's 26 wide
+                           conv_geom(2, 1, 9, 19, 1, 3, 1, 2)}) {  // padding, 21 wide
+    const int OHW = g.out_h() * g.out_w(), rows = g.in_c * g.k * g.k;
+    for (int nb = 1; nb <= g.batch; ++nb) {
+      SCOPED_TRACE(testing::Message() << "in " << g.in_c << "x" << g.in_h << "x" << g.in_w << " k " << g.k
+                                      << " pad " << g.pad << ", " << nb << " images");
+      const auto x = random_vec(size_t(nb) * g.in_c * g.in_h * g.in_w, 20);
+      // Rows one column apart and with a gap: nothing is aligned.
+      for (const int64_t ld : {int64_t(nb) * OHW, int64_t(nb) * OHW + 3}) {
+        std::vector<double> col(size_t(rows) * ld + 40, kUntouched);
+        cpu::im2col(g, x.data(), nb, ld, col.data());
+        for (int r = 0; r < rows; ++r) {
+          const int c = r / (g.k * g.k), kh = r / g.k % g.k, kw = r % g.k;
+          for (int64_t j = 0; j < ld; ++j) {
+            const double got = col[size_t(r * ld + j)];
+            if (j >= int64_t(nb) * OHW) {
+              ASSERT_EQ(got, kUntouched) << "row " << r << " column " << j;
+              continue;
+            }
+            const int i = int(j / OHW), oh = int(j % OHW) / g.out_w(), ow = int(j % OHW) % g.out_w();
+            const int ih = oh - g.pad + kh, iw = ow - g.pad + kw;
+            const bool inside = ih >= 0 && ih < g.in_h && iw >= 0 && iw < g.in_w;
+            const double want = inside ? x[((size_t(i) * g.in_c + c) * g.in_h + ih) * g.in_w + iw] : 0.0;
+            ASSERT_EQ(got, want) << "row " << r << " column " << j;
+          }
+        }
+        for (size_t j = size_t(rows) * ld; j < col.size(); ++j) ASSERT_EQ(col[j], kUntouched);
+      }
+      // col2im over a dx with room after it: its nb images, nothing past.
+      const int64_t ld = int64_t(nb) * OHW + 3;
+      const auto col = random_vec(size_t(rows) * ld, 21);
+      const size_t dx_size = size_t(nb) * g.in_c * g.in_h * g.in_w;
+      std::vector<double> dx(dx_size + 40, kUntouched), want(dx_size, 0.0);
+      for (int r = 0; r < rows; ++r) {
+        const int c = r / (g.k * g.k), kh = r / g.k % g.k, kw = r % g.k;
+        for (int64_t j = 0; j < int64_t(nb) * OHW; ++j) {
+          const int i = int(j / OHW), oh = int(j % OHW) / g.out_w(), ow = int(j % OHW) % g.out_w();
+          const int ih = oh - g.pad + kh, iw = ow - g.pad + kw;
+          if (ih >= 0 && ih < g.in_h && iw >= 0 && iw < g.in_w)
+            want[((size_t(i) * g.in_c + c) * g.in_h + ih) * g.in_w + iw] += col[size_t(r * ld + j)];
+        }
+      }
+      cpu::col2im(g, col.data(), nb, ld, dx.data());
+      for (size_t j = 0; j < dx_size; ++j) ASSERT_NEAR(dx[j], want[j], 1e-12) << "dx " << j;
+      for (size_t j = dx_size; j < dx.size(); ++j) ASSERT_EQ(dx[j], kUntouched) << "past dx, " << j;
+    }
+  }
 }
 
 // Note [gradient accumulation]: a second backward adds the same again.

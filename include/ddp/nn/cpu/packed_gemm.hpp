@@ -37,7 +37,7 @@ class ThreadPool;
 
 namespace ddp::nn::cpu {
 
-constexpr bool kPackedGemm = DDP_NN_SIMD != 0;
+constexpr bool kPackedGemm = DDP_NN_AVX512 != 0;
 
 class PackedMatrix {
  public:
