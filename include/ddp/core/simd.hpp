@@ -59,10 +59,15 @@ struct Vec<float> {
   static V set1(float a) { return _mm512_set1_ps(a); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static V loadz(M m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+  // A mask prepared once for many loads (AVX2 widens it to lanes).
+  using MW = M;
+  static MW wide(M m) { return m; }
+  static V loadw(MW m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static void store(float* p, M m, V v) { _mm512_mask_storeu_ps(p, m, v); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }  // a*b + c
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
   static V keep(M m, V v) { return _mm512_maskz_mov_ps(m, v); }  // zero where m is clear
   static M positive(V v) { return _mm512_cmp_ps_mask(v, zero(), _CMP_GT_OQ); }
@@ -89,10 +94,14 @@ struct Vec<double> {
   static V set1(double a) { return _mm512_set1_pd(a); }
   static V load(const double* p) { return _mm512_loadu_pd(p); }
   static V loadz(M m, const double* p) { return _mm512_maskz_loadu_pd(m, p); }
+  using MW = M;
+  static MW wide(M m) { return m; }
+  static V loadw(MW m, const double* p) { return _mm512_maskz_loadu_pd(m, p); }
   static void store(double* p, V v) { _mm512_storeu_pd(p, v); }
   static void store(double* p, M m, V v) { _mm512_mask_storeu_pd(p, m, v); }
   static V add(V a, V b) { return _mm512_add_pd(a, b); }
   static V mul(V a, V b) { return _mm512_mul_pd(a, b); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
   static V max(V a, V b) { return _mm512_max_pd(a, b); }
   static V keep(M m, V v) { return _mm512_maskz_mov_pd(m, v); }
   static M positive(V v) { return _mm512_cmp_pd_mask(v, zero(), _CMP_GT_OQ); }
@@ -135,6 +144,10 @@ struct Vec<float> {
   static V set1(float a) { return _mm256_set1_ps(a); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static V loadz(M m, const float* p) { return m == 0xff ? load(p) : _mm256_maskload_ps(p, widen(m)); }
+  // A mask prepared once for many loads: widened to lanes.
+  using MW = __m256i;
+  static MW wide(M m) { return widen(m); }
+  static V loadw(MW m, const float* p) { return _mm256_maskload_ps(p, m); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static void store(float* p, M m, V v) {
     if (m == 0xff)
@@ -144,6 +157,7 @@ struct Vec<float> {
   }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }  // a*b + c
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
   static V keep(M m, V v) { return _mm256_and_ps(_mm256_castsi256_ps(widen(m)), v); }
   static M positive(V v) { return M(_mm256_movemask_ps(_mm256_cmp_ps(v, zero(), _CMP_GT_OQ))); }
@@ -178,6 +192,11 @@ struct Vec<double> {
     if (m == 0xff) return load(p);
     return {_mm256_maskload_pd(p, widen64(m, 0)), _mm256_maskload_pd(p + 4, widen64(m, 1))};
   }
+  struct MW {
+    __m256i a, b;
+  };
+  static MW wide(M m) { return {widen64(m, 0), widen64(m, 1)}; }
+  static V loadw(const MW& m, const double* p) { return {_mm256_maskload_pd(p, m.a), _mm256_maskload_pd(p + 4, m.b)}; }
   static void store(double* p, V v) {
     _mm256_storeu_pd(p, v.a);
     _mm256_storeu_pd(p + 4, v.b);
@@ -189,6 +208,7 @@ struct Vec<double> {
   }
   static V add(V x, V y) { return {_mm256_add_pd(x.a, y.a), _mm256_add_pd(x.b, y.b)}; }
   static V mul(V x, V y) { return {_mm256_mul_pd(x.a, y.a), _mm256_mul_pd(x.b, y.b)}; }
+  static V fma(V x, V y, V z) { return {_mm256_fmadd_pd(x.a, y.a, z.a), _mm256_fmadd_pd(x.b, y.b, z.b)}; }
   static V max(V x, V y) { return {_mm256_max_pd(x.a, y.a), _mm256_max_pd(x.b, y.b)}; }
   static V keep(M m, V v) {
     return {_mm256_and_pd(_mm256_castsi256_pd(widen64(m, 0)), v.a),

@@ -126,6 +126,171 @@ void unpool_plane(const T* g, const uint8_t* mask, int OH, int OW, int PH, int P
 #endif
 }
 
+#if DDP_NN_SIMD
+// Note [flat convolution]: LeNet's conv1 (one input channel, 3x3, no
+// padding) has 9 taps. Through im2col its GEMM has depth 9 and spends its
+// time packing, while im2col's columns, the GEMM's output and, backward, dy's
+// matrix each stream through memory: the layer ran at a fifth of the speed
+// of conv2's arithmetic (bench/RESULTS.md, "LeNet on AVX2"). Without padding
+// and at stride 1, tap (c, kh, kw) of output pixel (oh, ow) reads
+// x[c][oh + kh][ow + kw]. Lay the output out with the input's row stride W,
+// q = oh*W + ow: the tap reads x_c[q + kh*W + kw], one shifted run of the
+// flat input. A channel's plane is then nt multiply-adds of contiguous
+// vectors, with no masks; a row's columns [OW, W) hold values nothing reads
+// (forward) and zero gradients (backward). One plane at a time, in L1:
+// forward, the plane and then its ReLU and pooling (relu_pool_plane, which
+// reads rows W apart); backward, the unpooled gradient (unpool_plane, rows W
+// apart) and then its bias sum and tap sums. Each sum runs in a fixed order
+// (images in chunks, chunk c in group c % groups as Note [deterministic
+// sums] in conv_engine.hpp), so a run repeats bit for bit.
+constexpr int kFlatMaxTaps = 16;
+constexpr int kFlatChunkImages = 8;
+constexpr int kFlatVectors = 8;  // a pass of the forward: 8 chains of multiply-adds
+
+bool flat_conv_fits(const ConvGeom& g) { return g.stride == 1 && g.pad == 0 && g.in_c * g.k * g.k <= kFlatMaxTaps; }
+
+// The flat layout's offsets and sizes, and a thread's buffers in it: the
+// image copied with zeros after it (the last runs read past it), and a plane.
+template <typename T>
+struct Flat {
+  static constexpr int L = simd::Vec<T>::kLanes;
+  int nt = 0;
+  int64_t off[kFlatMaxTaps] = {};
+  int64_t img = 0, nq = 0, nq_round = 0, x_size = 0;
+
+  explicit Flat(const ConvGeom& g) : nt(g.in_c * g.k * g.k) {
+    const int64_t plane = int64_t(g.in_h) * g.in_w;
+    img = g.in_c * plane;
+    nq = int64_t(g.out_h()) * g.in_w;
+    nq_round = (nq + kFlatVectors * L - 1) / (kFlatVectors * L) * (kFlatVectors * L);
+    for (int t = 0; t < nt; ++t) {
+      const int kw = t % g.k, kh = t / g.k % g.k, c = t / (g.k * g.k);
+      off[t] = c * plane + int64_t(kh) * g.in_w + kw;
+      x_size = std::max(x_size, off[t] + nq_round);
+    }
+    x_size = std::max(x_size, img);
+  }
+  size_t scratch() const { return size_t(x_size + nq_round); }
+  // Image x into xp, zeros after it.
+  void load(const T* x, T* xp) const {
+    std::copy(x, x + img, xp);
+    std::fill(xp + img, xp + x_size, T(0));
+  }
+};
+
+// P[q] = sum over taps t of w[t] * xp[off[t] + q], q < f.nq_round.
+template <typename T>
+void flat_conv_plane(const Flat<T>& f, const T* xp, const T* w, T* P) {
+  using S = simd::Vec<T>;
+  using V = typename S::V;
+  constexpr int L = S::kLanes, B = kFlatVectors;
+  for (int64_t q = 0; q < f.nq_round; q += B * L) {
+    V acc[B];
+    for (int j = 0; j < B; ++j) acc[j] = S::zero();
+    for (int t = 0; t < f.nt; ++t) {
+      const V wv = S::set1(w[t]);
+      const T* src = xp + f.off[t] + q;
+      for (int j = 0; j < B; ++j) acc[j] = S::fma(wv, S::load(src + j * L), acc[j]);
+    }
+    for (int j = 0; j < B; ++j) S::store(P + q + j * L, acc[j]);
+  }
+}
+
+// dw[t] += sum over q of P[q] * xp[off[t] + q]: taps in blocks of 8, 4, 2, 1,
+// each a compile-time count, so that the sums stay in registers.
+template <typename T, int B>
+void flat_tap_sums(const Flat<T>& f, const T* xp, const T* P, int t0, T* dw) {
+  using S = simd::Vec<T>;
+  using V = typename S::V;
+  constexpr int L = S::kLanes;
+  V acc[B];
+  for (int j = 0; j < B; ++j) acc[j] = S::zero();
+  for (int64_t q = 0; q < f.nq_round; q += L) {
+    const V p = S::load(P + q);
+    for (int j = 0; j < B; ++j) acc[j] = S::fma(p, S::load(xp + f.off[t0 + j] + q), acc[j]);
+  }
+  for (int j = 0; j < B; ++j) dw[t0 + j] += S::sum(acc[j]);
+}
+
+template <typename T>
+void flat_weight_grad(const Flat<T>& f, const T* xp, const T* P, T* dw) {
+  int t = 0;
+  for (; t + 8 <= f.nt; t += 8) flat_tap_sums<T, 8>(f, xp, P, t, dw);
+  if (t + 4 <= f.nt) flat_tap_sums<T, 4>(f, xp, P, t, dw), t += 4;
+  if (t + 2 <= f.nt) flat_tap_sums<T, 2>(f, xp, P, t, dw), t += 2;
+  if (t < f.nt) flat_tap_sums<T, 1>(f, xp, P, t, dw);
+}
+
+template <typename T>
+void flat_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y, uint8_t* mask, ConvScratch<T>& s,
+                  ThreadPool* pool) {
+  const Flat<T> f(g);
+  const int PH = g.out_h() / 2, PW = g.out_w() / 2, threads = conv_threads(pool);
+  const int64_t rb = conv_relu_mask_row_bytes(g), plane_mask = 2 * PH * rb, out_img = int64_t(g.out_c) * PH * PW;
+  if (int(s.thread.size()) < threads) s.thread.resize(threads);
+  for (int t = 0; t < threads; ++t) reserve_aligned(s.thread[t], f.scratch());
+  for_each_chunk(pool, threads, g.batch, kFlatChunkImages, [&](int n0, int nb, int t) {
+    T* xp = align_up(s.thread[t].data());
+    T* P = xp + f.x_size;
+    for (int i = n0; i < n0 + nb; ++i) {
+      f.load(x + i * f.img, xp);
+      for (int o = 0; o < g.out_c; ++o) {
+        flat_conv_plane(f, xp, w + int64_t(o) * f.nt, P);
+        // The image's planes of y, in address order.
+        const int64_t plane = int64_t(i) * g.out_c + o;
+        relu_pool_plane(P, b ? b[o] : T(0), g.in_w, PH, PW, rb, y + plane * PH * PW, mask + plane * plane_mask,
+                        y + (i + 1) * out_img);
+      }
+    }
+  });
+}
+
+// Adds the weight and bias gradients (db may be nullptr); no input gradient.
+template <typename T>
+void flat_backward(const ConvGeom& g, const T* x, const uint8_t* mask, const T* dy, T* dw, T* db, ConvScratch<T>& s,
+                   ThreadPool* pool) {
+  const Flat<T> f(g);
+  const int OH = g.out_h(), PH = OH / 2, PW = g.out_w() / 2, threads = conv_threads(pool);
+  const int64_t rb = conv_relu_mask_row_bytes(g), plane_mask = 2 * PH * rb;
+  if (int(s.thread.size()) < threads) s.thread.resize(threads);
+  for (int t = 0; t < threads; ++t) reserve_aligned(s.thread[t], f.scratch());
+  const int64_t chunks = (g.batch + kFlatChunkImages - 1) / kFlatChunkImages;
+  const int groups = int(std::min<int64_t>(threads, chunks));
+  const size_t grad_size = size_t(g.out_c) * f.nt + g.out_c;
+  if (groups > 1) {
+    if (int(s.grad.size()) < groups) s.grad.resize(groups);
+    for (int k = 0; k < groups; ++k) s.grad[k].assign(grad_size, T(0));
+  }
+  auto run_group = [&](int64_t group, int t) {
+    T* dw_t = groups == 1 ? dw : s.grad[group].data();
+    T* db_t = !db ? nullptr : groups == 1 ? db : s.grad[group].data() + size_t(g.out_c) * f.nt;
+    T* xp = align_up(s.thread[t].data());
+    T* P = xp + f.x_size;
+    for (int64_t c = group; c < chunks; c += groups) {
+      const int n0 = int(c * kFlatChunkImages), n1 = std::min(g.batch, n0 + kFlatChunkImages);
+      for (int i = n0; i < n1; ++i) {
+        f.load(x + i * f.img, xp);
+        for (int o = 0; o < g.out_c; ++o) {
+          const int64_t plane = int64_t(i) * g.out_c + o;
+          unpool_plane(dy + plane * PH * PW, mask + plane * plane_mask, OH, g.in_w, PH, PW, rb, P, P + f.nq);
+          std::fill(P + f.nq, P + f.nq_round, T(0));
+          if (db_t) db_t[o] += row_sum(P, int(f.nq));
+          flat_weight_grad(f, xp, P, dw_t + int64_t(o) * f.nt);
+        }
+      }
+    }
+  };
+  if (groups == 1) return run_group(0, 0);
+  pool->parallel_for(groups, run_group);
+  for (int k = 0; k < groups; ++k) {
+    const T* part = s.grad[k].data();
+    for (size_t i = 0; i < size_t(g.out_c) * f.nt; ++i) dw[i] += part[i];
+    if (db)
+      for (int o = 0; o < g.out_c; ++o) db[o] += part[size_t(g.out_c) * f.nt + o];
+  }
+}
+#endif
+
 }  // namespace
 
 int64_t conv_relu_mask_row_bytes(const ConvGeom& g) {
@@ -141,6 +306,9 @@ template <typename T>
 void conv2d_relu_avgpool2_forward(const ConvGeom& g, const T* x, const T* w, const T* b, T* y,
                                   uint8_t* mask, ConvScratch<T>& s, ThreadPool* pool) {
   check_poolable(g);
+#if DDP_NN_SIMD
+  if (flat_conv_fits(g)) return flat_forward(g, x, w, b, y, mask, s, pool);
+#endif
   const int OW = g.out_w(), OHW = g.out_h() * OW, PH = g.out_h() / 2, PW = OW / 2;
   const int64_t rb = conv_relu_mask_row_bytes(g), plane_mask = 2 * PH * rb;
   conv_forward_chunks(g, x, w, s, pool, nullptr, [&](int n0, int nb, const T* out, int64_t ld) {
@@ -159,6 +327,14 @@ template <typename T>
 void conv2d_relu_avgpool2_backward(const ConvGeom& g, const T* x, const T* w, const uint8_t* mask,
                                    const T* dy, T* dw, T* db, T* dx, ConvScratch<T>& s, ThreadPool* pool) {
   check_poolable(g);
+#if DDP_NN_SIMD
+  // The flat path has no input gradient (LeNet's conv1 needs none); with one
+  // wanted, im2col's path below, from the same ReLU mask.
+  if (flat_conv_fits(g) && !dx) {
+    if (dw) flat_backward(g, x, mask, dy, dw, db, s, pool);
+    return;
+  }
+#endif
   const int OH = g.out_h(), OW = g.out_w(), OHW = OH * OW, PH = OH / 2, PW = OW / 2;
   const int64_t rb = conv_relu_mask_row_bytes(g), plane_mask = 2 * PH * rb;
   conv_backward_chunks(g, x, w, dw, db, dx, s, pool, nullptr, [&](int n0, int nb, T* dyc, int64_t ld) {

@@ -32,6 +32,7 @@ void im2col_rows(const ConvGeom& g, const T* x, int nb, int64_t ld, T* col) {
   const int OH = g.out_h(), OW = g.out_w(), W = g.in_w;
   const int nv = (OW + L - 1) / L;
   const int64_t plane = int64_t(g.in_h) * W, img = int64_t(g.in_c) * plane;
+  const M full = simd::lanes<T>(0, L);
   M ldm[kMaxRowVectors], st[kMaxRowVectors];
   for (int v = 0; v < nv; ++v) st[v] = simd::lanes<T>(0, OW - v * L);
   for (int c = 0; c < g.in_c; ++c) {
@@ -47,13 +48,27 @@ void im2col_rows(const ConvGeom& g, const T* x, int nb, int64_t ld, T* col) {
         // Row oh of image i starts at base + i*img + oh*W; only lanes in ldm
         // are read, and those lie inside the row.
         const T* base = x + c * plane + (kh - g.pad) * int64_t(W) + (kw - g.pad);
-        for (int i = 0; i < nb; ++i, base += img) {
-          for (int oh = 0; oh < OH; ++oh, dst += OW) {
-            const bool inside = oh >= oh_lo && oh < oh_hi;
-            for (int v = 0; v < nv; ++v)
-              simd::store_within(dst + v * L, end, st[v],
-                                 inside ? S::loadz(ldm[v], base + oh * W + v * L) : S::zero());
+        // Lanes [v*L, v*L + L) of every row of the run, rows in address
+        // order, with the mask fixed (hoisted) for the loop.
+        auto lanes_of_rows = [&](int v, auto load) {
+          T* d = dst + v * L;
+          const T* b = base + v * L;
+          for (int i = 0; i < nb; ++i, b += img) {
+            int oh = 0;
+            for (; oh < oh_lo; ++oh, d += OW) simd::store_within(d, end, st[v], S::zero());
+            for (; oh < oh_hi; ++oh, d += OW) simd::store_within(d, end, st[v], load(b + oh * W));
+            for (; oh < OH; ++oh, d += OW) simd::store_within(d, end, st[v], S::zero());
           }
+        };
+        // The last vectors first: a row's last vector reaches past the row
+        // only into the next rows' earlier vectors, which come after it
+        // (Note [whole-vector rows] in core/simd.hpp).
+        for (int v = nv - 1; v >= 0; --v) {
+          const M m = ldm[v];
+          if (m == full)
+            lanes_of_rows(v, [](const T* p) { return S::load(p); });
+          else
+            lanes_of_rows(v, [m](const T* p) { return S::loadz(m, p); });
         }
       }
     }
@@ -132,17 +147,19 @@ void col2im_rows(const ConvGeom& g, const T* col, int nb, int64_t ld, T* dx) {
   using S = simd::Vec<T>;
   using V = typename S::V;
   using M = typename S::M;
+  using MW = typename S::MW;
   constexpr int L = S::kLanes;
   const int OH = g.out_h(), OW = g.out_w(), OHW = OH * OW, W = g.in_w, k = g.k;
   const int nv = (W + L - 1) / L;
   const int64_t plane = int64_t(g.in_h) * W;
   const T* end = dx + nb * g.in_c * plane;  // the chunk's dx, written in address order
   // Lane j of segment v is input column v*L + j, output column v*L + j + pad - kw.
-  M tap[kMaxRowVectors][kMaxTaps], st[kMaxRowVectors];
+  M st[kMaxRowVectors];
+  MW tap[kMaxRowVectors][kMaxTaps];
   for (int v = 0; v < nv; ++v) {
     st[v] = simd::lanes<T>(0, W - v * L);
     for (int kw = 0; kw < k; ++kw)
-      tap[v][kw] = simd::lanes<T>(kw - g.pad - v * L, kw - g.pad - v * L + OW) & st[v];
+      tap[v][kw] = S::wide(M(simd::lanes<T>(kw - g.pad - v * L, kw - g.pad - v * L + OW) & st[v]));
   }
   for (int i = 0; i < nb; ++i) {
     for (int c = 0; c < g.in_c; ++c) {
@@ -157,10 +174,10 @@ void col2im_rows(const ConvGeom& g, const T* col, int nb, int64_t ld, T* dx) {
             const T* r = ci + int64_t(kh) * k * ld + int64_t(ih + g.pad - kh) * OW + v * L;
             int kw = 0;
             for (; kw + 1 < k; kw += 2, r += 2 * (ld - 1)) {
-              acc0 = S::add(acc0, S::loadz(tap[v][kw], r));
-              acc1 = S::add(acc1, S::loadz(tap[v][kw + 1], r + (ld - 1)));
+              acc0 = S::add(acc0, S::loadw(tap[v][kw], r));
+              acc1 = S::add(acc1, S::loadw(tap[v][kw + 1], r + (ld - 1)));
             }
-            if (kw < k) acc0 = S::add(acc0, S::loadz(tap[v][kw], r));
+            if (kw < k) acc0 = S::add(acc0, S::loadw(tap[v][kw], r));
           }
           simd::store_within(dc + int64_t(ih) * W + v * L, end, st[v], S::add(acc0, acc1));
         }

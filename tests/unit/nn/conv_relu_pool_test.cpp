@@ -86,6 +86,14 @@ TEST_P(Fused, MatchesUnfusedChain) {
     EXPECT_LT(max_rel_err(dx, want.dx), 1e-10) << threads << " threads";
     EXPECT_LT(max_rel_err(dw, want.dw), 1e-10) << threads << " threads";
     EXPECT_LT(max_rel_err(db, want.db), 1e-10) << threads << " threads";
+    // Without dx (a first layer): the parameter gradients alone, which
+    // layers without padding and with few taps compute on a path of their
+    // own (Note [flat convolution] in conv_relu_pool.cpp).
+    std::vector<double> dw1(n.w, 0.0), db1(size_t(g.out_c), 0.0);
+    cpu::conv2d_relu_avgpool2_backward(g, x.data(), w.data(), mask.data(), dy.data(), dw1.data(), db1.data(),
+                                       static_cast<double*>(nullptr), s, &pool);
+    EXPECT_LT(max_rel_err(dw1, want.dw), 1e-10) << threads << " threads, no dx";
+    EXPECT_LT(max_rel_err(db1, want.db), 1e-10) << threads << " threads, no dx";
   }
 }
 
@@ -117,7 +125,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fused,
                                            conv_geom(2, 3, 9, 9, 4, 5),       // conv2's form, C > 1
                                            conv_geom(2, 2, 8, 9, 3, 3, 1, 1),  // odd width, padding
                                            conv_geom(1, 1, 7, 20, 2, 3),      // odd height, wide rows
-                                           conv_geom(3, 2, 5, 40, 2, 3)));    // rows over 2 vectors
+                                           conv_geom(3, 2, 5, 40, 2, 3),      // rows over 2 vectors
+                                           conv_geom(2, 2, 9, 11, 3, 2),      // 8 taps, odd width
+                                           conv_geom(1, 1, 10, 13, 9, 4)));   // 16 taps, odd height
 
 TEST(Fused, ManyChunksAndThreadsMatchUnfused) {
   // LeNet conv2: chunks of 13 images (kConvMinColumns over 81 pixels), four
