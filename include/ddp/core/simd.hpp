@@ -230,6 +230,12 @@ struct Vec<double> {
   static V dup_pairs(V v) { return {_mm256_permute4x64_pd(v.a, 0x50), _mm256_permute4x64_pd(v.a, 0xFA)}; }
 };
 
+}  // namespace ddp::nn::simd
+#endif
+
+#if DDP_NN_SIMD
+namespace ddp::nn::simd {
+
 // Lanes [lo, hi) set, clipped to the vector.
 template <typename T>
 inline typename Vec<T>::M lanes(int lo, int hi) {
