@@ -255,39 +255,22 @@ void flat_backward(const ConvGeom& g, const T* x, const uint8_t* mask, const T* 
   if (int(s.thread.size()) < threads) s.thread.resize(threads);
   for (int t = 0; t < threads; ++t) reserve_aligned(s.thread[t], f.scratch());
   const int64_t chunks = (g.batch + kFlatChunkImages - 1) / kFlatChunkImages;
-  const int groups = int(std::min<int64_t>(threads, chunks));
-  const size_t grad_size = size_t(g.out_c) * f.nt + g.out_c;
-  if (groups > 1) {
-    if (int(s.grad.size()) < groups) s.grad.resize(groups);
-    for (int k = 0; k < groups; ++k) s.grad[k].assign(grad_size, T(0));
-  }
-  auto run_group = [&](int64_t group, int t) {
-    T* dw_t = groups == 1 ? dw : s.grad[group].data();
-    T* db_t = !db ? nullptr : groups == 1 ? db : s.grad[group].data() + size_t(g.out_c) * f.nt;
+  for_each_chunk_grouped(pool, threads, chunks, size_t(g.out_c) * f.nt, size_t(g.out_c), dw, db, s,
+                         [&](int64_t c, T* dw_t, T* db_t, int t) {
     T* xp = align_up(s.thread[t].data());
     T* P = xp + f.x_size;
-    for (int64_t c = group; c < chunks; c += groups) {
-      const int n0 = int(c * kFlatChunkImages), n1 = std::min(g.batch, n0 + kFlatChunkImages);
-      for (int i = n0; i < n1; ++i) {
-        f.load(x + i * f.img, xp);
-        for (int o = 0; o < g.out_c; ++o) {
-          const int64_t plane = int64_t(i) * g.out_c + o;
-          unpool_plane(dy + plane * PH * PW, mask + plane * plane_mask, OH, g.in_w, PH, PW, rb, P, P + f.nq);
-          std::fill(P + f.nq, P + f.nq_round, T(0));
-          if (db_t) db_t[o] += row_sum(P, int(f.nq));
-          flat_weight_grad(f, xp, P, dw_t + int64_t(o) * f.nt);
-        }
+    const int n0 = int(c * kFlatChunkImages), n1 = std::min(g.batch, n0 + kFlatChunkImages);
+    for (int i = n0; i < n1; ++i) {
+      f.load(x + i * f.img, xp);
+      for (int o = 0; o < g.out_c; ++o) {
+        const int64_t plane = int64_t(i) * g.out_c + o;
+        unpool_plane(dy + plane * PH * PW, mask + plane * plane_mask, OH, g.in_w, PH, PW, rb, P, P + f.nq);
+        std::fill(P + f.nq, P + f.nq_round, T(0));
+        if (db_t) db_t[o] += row_sum(P, int(f.nq));
+        flat_weight_grad(f, xp, P, dw_t + int64_t(o) * f.nt);
       }
     }
-  };
-  if (groups == 1) return run_group(0, 0);
-  pool->parallel_for(groups, run_group);
-  for (int k = 0; k < groups; ++k) {
-    const T* part = s.grad[k].data();
-    for (size_t i = 0; i < size_t(g.out_c) * f.nt; ++i) dw[i] += part[i];
-    if (db)
-      for (int o = 0; o < g.out_c; ++o) db[o] += part[size_t(g.out_c) * f.nt + o];
-  }
+  });
 }
 #endif
 

@@ -163,6 +163,40 @@ void conv_forward_chunks(const ConvGeom& g, const T* x, const T* w, ConvScratch<
   });
 }
 
+// Note [deterministic sums]: chunk c belongs to group c % groups; a group's
+// partial parameter gradients are summed in chunk order by whichever thread
+// takes it, and the groups are added in order at the end. Which thread ran
+// what then never changes the result, so a run repeats bit for bit (and a
+// resumed run matches an uninterrupted one).
+//
+// Runs fn(c, dw_t, db_t, t) for the chunks c in [0, chunks) so, t naming the
+// thread: dw_t, db_t are where chunk c's gradients go, dw and db themselves
+// for one group, the group's own sums (in s.grad) for several, which are then
+// added into dw (nw values) and db (nbias) in group order. dw nullptr: none
+// (dw_t nullptr); db only with dw.
+template <typename T, typename Fn>
+void for_each_chunk_grouped(ThreadPool* pool, int threads, int64_t chunks, size_t nw, size_t nbias, T* dw, T* db,
+                            ConvScratch<T>& s, Fn&& fn) {
+  const int groups = int(std::max<int64_t>(1, std::min<int64_t>(threads, chunks)));
+  if (groups > 1 && dw) {
+    if (int(s.grad.size()) < groups) s.grad.resize(groups);
+    for (int k = 0; k < groups; ++k) s.grad[k].assign(nw + nbias, T(0));
+  }
+  auto run_group = [&](int64_t group, int t) {
+    T* dw_t = !dw ? nullptr : groups == 1 ? dw : s.grad[group].data();
+    T* db_t = !dw || !db ? nullptr : groups == 1 ? db : s.grad[group].data() + nw;
+    for (int64_t c = group; c < chunks; c += groups) fn(c, dw_t, db_t, t);
+  };
+  if (groups == 1) return run_group(0, 0);
+  pool->parallel_for(groups, run_group);
+  for (int k = 0; k < groups && dw; ++k) {
+    const T* part = s.grad[k].data();
+    for (size_t i = 0; i < nw; ++i) dw[i] += part[i];
+    if (db)
+      for (size_t o = 0; o < nbias; ++o) db[o] += part[nw + o];
+  }
+}
+
 // Backward: source(n0, nb, dyc, ld) writes d(loss)/d(conv output) of images
 // [n0, n0 + nb) as dyc[oc*ld + i*OHW + q]. Adds into dw, db (nullptr: none;
 // db only with dw); overwrites dx (nullptr: not wanted). packed: w^T packed
@@ -177,29 +211,14 @@ void conv_backward_chunks(const ConvGeom& g, const T* x, const T* w, T* dw, T* d
   const int64_t in_img = int64_t(g.in_c) * g.in_h * g.in_w;
   if (int(s.thread.size()) < threads) s.thread.resize(threads);
   const int64_t max_ld = aligned_stride<T>(int64_t(chunk) * OHW);
-  const size_t grad_size = size_t(oc) * ckk + oc;
   for (int t = 0; t < threads; ++t) reserve_aligned(s.thread[t], size_t(ckk + oc) * size_t(max_ld));
-  // Note [deterministic sums]: chunk c belongs to group c % groups; a group's
-  // partial weight gradient is summed in chunk order by whichever thread takes
-  // it, and the groups are added in order at the end. Which thread ran what
-  // then never changes the result, so a run repeats bit for bit (and a resumed
-  // run matches an uninterrupted one).
   const int64_t chunks = (g.batch + chunk - 1) / chunk;
-  const int groups = int(std::min<int64_t>(threads, chunks));
-  if (groups > 1 && dw) {
-    if (int(s.grad.size()) < groups) s.grad.resize(groups);
-    for (int k = 0; k < groups; ++k) s.grad[k].assign(grad_size, T(0));
-  }
-
   SerialBlas serial;
-  auto run_chunk = [&](int64_t c, int group, int t) {
+  for_each_chunk_grouped(pool, threads, chunks, size_t(oc) * ckk, size_t(oc), dw, db, s,
+                         [&](int64_t c, T* dw_t, T* db_t, int t) {
     const int n0 = int(c * chunk), nb = std::min(chunk, g.batch - n0);
     T* col = align_up(s.thread[t].data());
     T* dyc = col + int64_t(ckk) * max_ld;
-    // One group adds straight into the caller's gradients, several into
-    // their own partial sums.
-    T* dw_t = !dw ? nullptr : groups == 1 ? dw : s.grad[group].data();
-    T* db_t = !dw || !db ? nullptr : groups == 1 ? db : s.grad[group].data() + size_t(oc) * ckk;
     const int n = nb * OHW;
     const int64_t ld = aligned_stride<T>(n);
     source(n0, nb, dyc, ld);
@@ -214,21 +233,7 @@ void conv_backward_chunks(const ConvGeom& g, const T* x, const T* w, T* dw, T* d
       weights_gemm(packed, true, ckk, n, oc, w, ckk, dyc, int(ld), col, int(ld));
       col2im(g, col, nb, ld, dx + n0 * in_img);
     }
-  };
-  auto run_group = [&](int64_t group, int t) {
-    for (int64_t c = group; c < chunks; c += groups) run_chunk(c, int(group), t);
-  };
-  if (groups == 1) {
-    run_group(0, 0);
-    return;
-  }
-  pool->parallel_for(groups, run_group);
-  for (int k = 0; k < groups && dw; ++k) {
-    const T* part = s.grad[k].data();
-    for (size_t i = 0; i < size_t(oc) * ckk; ++i) dw[i] += part[i];
-    if (db)
-      for (int o = 0; o < oc; ++o) db[o] += part[size_t(oc) * ckk + o];
-  }
+  });
 }
 
 }  // namespace ddp::nn::cpu
