@@ -90,7 +90,7 @@ run | learn | bench | nccl | profile)
     # GPU_BENCH: model:precision:reps:epochs[:our flags, comma-separated],
     # most wanted first (compare_pytorch_gpu.sh's pairs: each precision
     # against PyTorch's like).
-    for spec in ${GPU_BENCH:-resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:fp32:1:3 resnet18:tf32:1:3:--cudnn-benchmark lenet:fp32:3:5 lenet:tf32:3:5 resnet18:fp16:1:3:--cudnn-benchmark,--gpu-kernels,next lenet:bf16:3:5}; do
+    for spec in ${GPU_BENCH:-resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:fp32:1:3:--gpu-kernels,next,--channels-last resnet18:fp32:1:3 lenet:fp32:3:5 lenet:bf16:3:5 resnet18:fp16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last}; do
       IFS=: read -r model p reps epochs flag <<<"$spec"
       flag=${flag//,/ }
       DDP_BENCH_IMAGES=${DDP_BENCH_IMAGES:-20480} DDP_TRAIN=$dir/bin/ddp_train timeout -k 10 "$step" \
@@ -101,7 +101,7 @@ run | learn | bench | nccl | profile)
   fi
   # The benchmark ends with the kernel breakdown of our step.
   if [[ $mode == profile || $mode == bench ]]; then
-    IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision tf32 --cudnn-benchmark --gpu-kernels next;--precision bf16 --cudnn-benchmark --gpu-kernels next;--precision fp32}"
+    IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision bf16 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next;--precision fp32}"
     for i in "${!sets[@]}"; do
       echo "=== ResNet-18, batch 256, ${sets[i]}" >>"$out/profile.txt"
       # shellcheck disable=SC2086

@@ -232,6 +232,9 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     ("gpu-kernels", "GPUs: proven (the kernels a GPU has run through the tests) or next (also those written "
                     "since: BatchNorm's sums over many blocks a channel; docs/gpus.md)",
          cxxopts::value(c.gpu_kernels)->default_value(c.gpu_kernels))
+    ("channels-last", "GPUs: activations and their gradients NHWC, as torch.channels_last, where the model "
+                      "allows it (ResNet-18; LeNet stays NCHW); not yet run on a GPU (docs/gpus.md)",
+         cxxopts::value(c.channels_last))
     ("deterministic", "bitwise the same training at every world size that divides --deterministic-shards, "
                       "and on resume at another one (CPU)", cxxopts::value<bool>())
     ("deterministic-shards", "K: --deterministic's micro-shards per global batch; world sizes must divide it "

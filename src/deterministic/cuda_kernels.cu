@@ -57,8 +57,8 @@ class LaneConvReluPoolCuda final : public nn::CudaConvReluPool, public LaneKerne
 // through the host (ShardStats).
 class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
  public:
-  ShardBatchNormCuda(const Op& op, cuda::Context& ctx, nn::StatsReducer* stats)
-      : ShardedBatch(op, ctx, stats), shard_stats_(shard_stats(stats, op.name)) {}
+  ShardBatchNormCuda(const Op& op, cuda::Context& ctx, nn::StatsReducer* stats, nn::Layout layout)
+      : ShardedBatch(op, ctx, stats, layout), shard_stats_(shard_stats(stats, op.name)) {}
   ~ShardBatchNormCuda() override {
     if (per_shard_) cudaFreeAsync(per_shard_, ctx_.compute());
   }
@@ -118,7 +118,7 @@ class CudaShardDevice final : public nn::CudaDevice {
   std::unique_ptr<nn::Kernel> kernel(const nn::Graph& g, size_t i, nn::StatsReducer* stats) override {
     const Op& op = g.ops[i];
     if (op.kind == nn::OpKind::ConvReluPool) return std::make_unique<LaneConvReluPoolCuda>(op, ctx_);
-    if (op.kind == nn::OpKind::BatchNorm2d) return std::make_unique<ShardBatchNormCuda>(op, ctx_, stats);
+    if (op.kind == nn::OpKind::BatchNorm2d) return std::make_unique<ShardBatchNormCuda>(op, ctx_, stats, layout(g));
     return CudaDevice::kernel(g, i, stats);
   }
 };

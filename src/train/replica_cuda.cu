@@ -100,6 +100,7 @@ class CudaBackend final : public Backend, public ExactBackend {
     ctx_ = std::make_unique<cuda::Context>(gpu);
     ctx_->set_benchmark(cfg.cudnn_benchmark);
     ctx_->set_next_kernels(cfg.gpu_kernels == "next");
+    ctx_->set_channels_last(cfg.channels_last);
     if (backend == "nccl") {
       comm_ = comm::make_nccl_communicator(world, *ctx_, std::chrono::milliseconds(
                                                              static_cast<int64_t>(cfg.preflight_timeout_sec * 1000)),

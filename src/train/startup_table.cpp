@@ -9,6 +9,7 @@
 #include "ddp/core/error.hpp"           // DDP_CHECK
 #include "ddp/reducer/reducer.hpp"          // Reducer: the bucket count
 #include "ddp/nn/graph.hpp"             // has_batch_norm
+#include "ddp/nn/layout.hpp"            // plan_layout: Note [channels last]
 #include "ddp/optim/optimizer.hpp"      // describe: the optimizer's line
 
 namespace ddp::train {
@@ -83,6 +84,14 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
                                         "test has passed on a GPU); convolutions through cuDNN's graph API and "
                                         "their bias gradients summed as BatchNorm's (not yet run on a GPU)"
                                       : "");
+  if (cfg.channels_last) {
+    const nn::LayoutPlan plan = nn::plan_layout(graph, true);
+    out << "\nddp_train: --channels-last: "
+        << (ranks[0].device == std::string("cpu") ? "GPUs only; CPUs keep NCHW"
+            : plan.layout == nn::Layout::NHWC
+                ? "activations and their gradients NHWC on the GPU, weights PyTorch's layout (not yet run on a GPU)"
+                : "the model stays NCHW: " + plan.why);
+  }
   if (cfg.precision == "tf32") {
     out << "\nddp_train: precision tf32: convolutions and linear layers multiply on TF32 tensor cores (mantissas cut "
            "to 10 bits) and accumulate in fp32; everything else fp32"

@@ -92,6 +92,19 @@ TEST(Devices, GpuKernelsIsProvenOrNextAndLeavesTheCpuAlone) {
   remove_tree(dir);
 }
 
+// --channels-last is the GPU's business (Note [channels last]): a CPU run
+// says so and trains bit for bit as without it.
+TEST(Devices, ChannelsLastLeavesTheCpuAlone) {
+  const std::string dir = make_temp_dir();
+  for (const std::string flag : {"", " --channels-last"}) {
+    auto r = run_ddp_train(1, kSmall + flag + " --output-model " + dir + "/m" + std::to_string(flag.size()));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out.find("--channels-last: GPUs only; CPUs keep NCHW") != std::string::npos, !flag.empty()) << r.out;
+  }
+  expect_bitwise_equal(checkpoint::read_safetensors(dir + "/m0"), checkpoint::read_safetensors(dir + "/m16"));
+  remove_tree(dir);
+}
+
 // --- on a GPU ---------------------------------------------------------------
 
 class GpuTraining : public ::testing::Test {
@@ -228,6 +241,33 @@ TEST_F(GpuTraining, DeterministicIsBitwiseTheSameAtOneAndTwoRanks) {
 TEST_F(GpuTraining, ParametersFollowTheCpu) {
   const std::string args = "--synthetic 640 --epochs 1 --batch-size 64 --lr 0.1 --momentum 0.9 --seed 5 --quiet";
   EXPECT_LE(models_differ(1, args + " --device cuda", 1, args + " --device cpu"), 1e-3);
+}
+
+// --channels-last (Note [channels last]): ResNet-18 runs NHWC and says so,
+// in fp32, TF32 and bf16 (these two with --gpu-kernels next, the graph
+// API's convolutions), and its ten steps' training loss follows the NCHW
+// run's (other cuDNN kernels and sums: not the same bits; a wrong channel
+// index leaves the loss elsewhere). LeNet says it stays NCHW, and why.
+TEST_F(GpuTraining, ChannelsLastFollowsNchw) {
+  const std::string args = "--synthetic 640 --epochs 1 --batch-size 64 --lr 0.1 --momentum 0.9 --seed 5 --quiet "
+                           "--device cuda --model resnet18";
+  for (const std::string flags : {"", " --precision tf32 --gpu-kernels next", " --precision bf16 --gpu-kernels next"}) {
+    SCOPED_TRACE(flags);
+    auto nchw = run_ddp_train(1, args + flags);
+    auto nhwc = run_ddp_train(1, args + flags + " --channels-last");
+    ASSERT_EQ(nchw.status, 0) << nchw.err;
+    ASSERT_EQ(nhwc.status, 0) << nhwc.err;
+    EXPECT_NE(nhwc.out.find("--channels-last: activations and their gradients NHWC on the GPU"), std::string::npos)
+        << nhwc.out;
+    const json a = summary_of(nchw), b = summary_of(nhwc);
+    ASSERT_FALSE(a.is_null() || b.is_null()) << nchw.out << nhwc.out;
+    const double la = a["train_loss"].get<double>(), lb = b["train_loss"].get<double>();
+    EXPECT_NEAR(lb, la, 0.05 * la);
+  }
+  auto lenet = run_ddp_train(1, kSmall + " --device cuda --channels-last");
+  ASSERT_EQ(lenet.status, 0) << lenet.err;
+  EXPECT_NE(lenet.out.find("--channels-last: the model stays NCHW: op conv1 (ConvReluPool)"), std::string::npos)
+      << lenet.out;
 }
 
 TEST_F(GpuTraining, StartupTableNamesTheGpu) {

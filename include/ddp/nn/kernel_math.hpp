@@ -7,7 +7,8 @@
 //
 // Each *_at function computes one output element from its flat index i; a
 // kernel runs it for every i in a grid-stride loop, the host test in a plain
-// loop. NCHW throughout, as the CPU layers (nn/cpu/ops.hpp).
+// loop. NCHW throughout, as the CPU layers (nn/cpu/ops.hpp), but for the
+// NHWC twins Note [channels last] (nn/layout.hpp) needs.
 #pragma once
 
 #include <math.h>  // exp, log on both sides (::exp(double) under nvcc too)
@@ -76,6 +77,33 @@ DDP_HOST_DEVICE inline float global_avgpool_at(int64_t p, int hw, const float* x
 }
 DDP_HOST_DEVICE inline float global_avgpool_grad_at(int64_t i, int hw, const float* dy) {
   return dy[i / hw] * (1.0f / float(hw));
+}
+
+// The same over an NHWC batch (Note [channels last], nn/layout.hpp): output
+// i = image * c + channel, summed in global_avgpool_at's order, so the two
+// layouts give the same bits; the gradient of input element i (image,
+// pixel, channel).
+DDP_HOST_DEVICE inline float global_avgpool_nhwc_at(int64_t i, int c, int hw, const float* x) {
+  const int64_t image = i / c;
+  const int ch = int(i % c);
+  const float inv = 1.0f / float(hw);
+  float s = 0.0f;
+  for (int p = 0; p < hw; ++p) s += x[(image * hw + p) * c + ch];
+  return s * inv;
+}
+DDP_HOST_DEVICE inline float global_avgpool_grad_nhwc_at(int64_t i, int c, int hw, const float* dy) {
+  return dy[i / (int64_t(hw) * c) * c + i % c] * (1.0f / float(hw));
+}
+
+// Note [channels last]: cuDNN's NHWC convolutions take their filters as
+// KRSC (out channel, kernel row, kernel column, in channel), PyTorch's
+// weights are KCRS. Element i of the KRSC copy is element krsc_to_kcrs(i)
+// of the weights; rs = kernel rows x columns.
+DDP_HOST_DEVICE inline int64_t krsc_to_kcrs(int64_t i, int c, int rs) {
+  const int ch = int(i % c);
+  const int64_t t = i / c;
+  const int pos = int(t % rs);
+  return (t / rs * c + ch) * rs + pos;
 }
 
 // BatchNorm2d's per-channel constants (nn/cpu/device.cpp's BatchNorm and the GPU

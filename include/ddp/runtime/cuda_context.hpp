@@ -86,6 +86,10 @@ class Context {
   // instead of the ones that have (docs/gpus.md, "Kernels not yet run").
   void set_next_kernels(bool on) { next_kernels_ = on; }
   bool next_kernels() const { return next_kernels_; }
+  // --channels-last: graphs that allow it run NHWC on this device (Note
+  // [channels last], nn/layout.hpp).
+  void set_channels_last(bool on) { channels_last_ = on; }
+  bool channels_last() const { return channels_last_; }
 
   void set_benchmark(bool on) { benchmark_ = on; }
   bool benchmark() const { return benchmark_; }
@@ -107,6 +111,7 @@ class Context {
   bool deterministic_ = false;
   bool benchmark_ = false;
   bool next_kernels_ = false;
+  bool channels_last_ = false;
   std::map<std::string, std::vector<int>> timed_;
 };
 

@@ -44,6 +44,9 @@ struct Config {
   // GPUs: "proven", the kernels a GPU has run through the tests, or "next",
   // also those written since (docs/gpus.md, "Kernels not yet run").
   std::string gpu_kernels = "proven";
+  // GPUs: activations NHWC where the model allows it (Note [channels last],
+  // nn/layout.hpp).
+  bool channels_last = false;
   // --deterministic: the global batch in this many micro-shards, gradients
   // summed in fixed point, so every world size dividing it gives the same bits
   // (deterministic/exact_sum.hpp). 0: off.

@@ -7,7 +7,9 @@
 // element-wise pass applies them. With a StatsReducer the sums go to the
 // host, are summed over ranks (SyncBatchNorm), and come back. The
 // deterministic mode takes the sums micro-shard by micro-shard
-// (CudaBatchNorm::channel_sums, deterministic/).
+// (CudaBatchNorm::channel_sums, deterministic/). NHWC batches (Note
+// [channels last], nn/layout.hpp) are summed as Note [channels last sums]
+// says, and the element-wise passes find a value's channel as i % c.
 #include <cuda_runtime_api.h>
 
 #include "ddp/nn/cuda/kernels.hpp"
@@ -121,6 +123,81 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Note [channels last sums] (nn/cuda/bn_plan.hpp), over an NHWC tensor of
+// `rows` rows of c channels. What a thread reads: value k of the tensor as a
+// double (fp32, or the 16-bit gradients of Note [half kernels]).
+struct FloatValues {
+  const float* p;
+  __device__ double operator()(int64_t k) const { return double(p[k]); }
+};
+struct HalfValues {
+  const uint16_t* p;
+  Precision prec;
+  __device__ double operator()(int64_t k) const { return double(half_bits_to_float(prec, p[k])); }
+};
+
+// Block (run, group): channels group * kNhwcGroup on, rows run * per_split
+// on; part[ch * runs + run] = the run's sum of channel ch (with mean: of
+// (x - mean[ch])^2).
+template <typename Values>
+__global__ void __launch_bounds__(kThreads)
+    nhwc_run_sums_kernel(int64_t rows, int64_t per_split, int c, Values x, const float* __restrict__ mean,
+                         double* __restrict__ part) {
+  static_assert(kThreads == kNhwcGroup * kNhwcWarps, "a block is kNhwcWarps warps");
+  __shared__ double sa[kThreads];
+  const int run = blockIdx.x, runs = gridDim.x, lane = threadIdx.x % kNhwcGroup, warp = threadIdx.x / kNhwcGroup;
+  const int ch = blockIdx.y * kNhwcGroup + lane;
+  const int64_t end = min(rows, (run + 1) * per_split);
+  double s = 0.0;
+  if (ch < c) {
+    const double m = mean ? double(mean[ch]) : 0.0;
+    for (int64_t r = run * per_split + warp; r < end; r += kNhwcWarps) {
+      const double v = x(r * c + ch);
+      s += mean ? (v - m) * (v - m) : v;
+    }
+  }
+  sa[threadIdx.x] = s;
+  __syncthreads();
+  if (warp == 0 && ch < c) {
+    double t = 0.0;
+    for (int w = 0; w < kNhwcWarps; ++w) t += sa[w * kNhwcGroup + lane];
+    part[int64_t(ch) * runs + run] = t;
+  }
+}
+
+// The same for backward: part[ch * runs + run] = the run's sum(dy), part[(c +
+// ch) * runs + run] = its sum(dy * (x - mean)).
+__global__ void __launch_bounds__(kThreads)
+    nhwc_run_grad_sums_kernel(int64_t rows, int64_t per_split, int c, const float* __restrict__ x,
+                              const float* __restrict__ mean, const float* __restrict__ dy, double* __restrict__ part) {
+  __shared__ double sa[kThreads], sb[kThreads];
+  const int run = blockIdx.x, runs = gridDim.x, lane = threadIdx.x % kNhwcGroup, warp = threadIdx.x / kNhwcGroup;
+  const int ch = blockIdx.y * kNhwcGroup + lane;
+  const int64_t end = min(rows, (run + 1) * per_split);
+  double s = 0.0, sx = 0.0;
+  if (ch < c) {
+    const double m = double(mean[ch]);
+    for (int64_t r = run * per_split + warp; r < end; r += kNhwcWarps) {
+      const int64_t k = r * c + ch;
+      const double g = double(dy[k]);
+      s += g;
+      sx += g * (double(x[k]) - m);
+    }
+  }
+  sa[threadIdx.x] = s;
+  sb[threadIdx.x] = sx;
+  __syncthreads();
+  if (warp == 0 && ch < c) {
+    double t = 0.0, tx = 0.0;
+    for (int w = 0; w < kNhwcWarps; ++w) {
+      t += sa[w * kNhwcGroup + lane];
+      tx += sb[w * kNhwcGroup + lane];
+    }
+    part[int64_t(ch) * runs + run] = t;
+    part[int64_t(c + ch) * runs + run] = tx;
+  }
+}
+
 // out[i] = the sum of row i's runs, in run order (rows: width of them).
 __global__ void bn_runs_kernel(int width, int runs, const double* __restrict__ part, double* __restrict__ out) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x) {
@@ -188,18 +265,19 @@ __global__ void bn_backward_kernel(int64_t n, int c, int hw, const float* __rest
 
 }  // namespace
 
-CudaBatchNorm::CudaBatchNorm(const Op& op, cuda::Context& ctx, StatsReducer* stats)
+CudaBatchNorm::CudaBatchNorm(const Op& op, cuda::Context& ctx, StatsReducer* stats, Layout layout)
     : op_(op),
       ctx_(ctx),
       stats_(stats),
       c_(op.in.c),
       hw_(op.in.h * op.in.w),
-      split_(ctx.next_kernels()),
+      layout_(layout),
+      split_(ctx.next_kernels() || layout == Layout::NHWC),
       host_(size_t(2 * op.in.c)) {
   chan_ = static_cast<float*>(ctx_.alloc(sizeof(float) * 7 * size_t(c_)));
   sums_ = static_cast<double*>(ctx_.alloc(sizeof(double) * 2 * size_t(c_)));
   if (split_)
-    parts_ = static_cast<double*>(ctx_.alloc(sizeof(double) * 2 * size_t(c_) * size_t(max_bn_splits(c_, ctx_.sms()))));
+    parts_ = static_cast<double*>(ctx_.alloc(sizeof(double) * 2 * size_t(c_) * size_t(max_sum_runs(c_, ctx_.sms()))));
   DDP_CUDA_CHECK(cudaMemsetAsync(chan_, 0, sizeof(float) * 7 * size_t(c_), ctx_.compute()));
 }
 
@@ -224,6 +302,16 @@ void CudaBatchNorm::launch_sums(int images, const float* x, const float* mean, c
   const int64_t values = int64_t(images) * hw_;
   DDP_CHECK(values < (int64_t(1) << 31), "BatchNorm2d ", op_.name, ": ", values,
             " values a channel in one call; at most 2^31 are supported");
+  if (layout_ == Layout::NHWC) {
+    if (!dy) return channel_sums_nhwc_cuda(ctx_, x, mean, values, c_, parts_, out);
+    const BnSplit plan = plan_nhwc_split(values, c_, ctx_.sms());
+    nhwc_run_grad_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(nhwc_channel_groups(c_))), kThreads, 0, s>>>(
+        values, plan.per_split, c_, x, mean, dy, parts_);
+    DDP_CUDA_CHECK_LAUNCH(nhwc_run_grad_sums_kernel);
+    bn_runs_kernel<<<cuda_grid(2 * c_), kCudaThreads, 0, s>>>(2 * c_, plan.splits, parts_, out);
+    DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
+    return;
+  }
   if (!dy) return channel_sums_cuda(ctx_, x, mean, images, c_, hw_, parts_, out);
   const BnSplit plan = plan_bn_split(values, c_, ctx_.sms());
   bn_run_grad_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c_)), kThreads, 0, s>>>(
@@ -244,6 +332,33 @@ void channel_sums_cuda(cuda::Context& ctx, const float* x, const float* mean, in
   DDP_CUDA_CHECK_LAUNCH(bn_run_sums_kernel);
   bn_runs_kernel<<<cuda_grid(c), kCudaThreads, 0, s>>>(c, plan.splits, parts, out);
   DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
+}
+
+namespace {
+
+template <typename Values>
+void nhwc_sums(cuda::Context& ctx, Values x, const float* mean, int64_t rows, int c, double* parts, double* out) {
+  DDP_CHECK(rows < (int64_t(1) << 31), rows, " values a channel in one call; at most 2^31 are supported");
+  if (c <= 0) return;
+  const BnSplit plan = plan_nhwc_split(rows, c, ctx.sms());
+  const cudaStream_t s = ctx.compute();
+  nhwc_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(nhwc_channel_groups(c))), kThreads, 0, s>>>(
+      rows, plan.per_split, c, x, mean, parts);
+  DDP_CUDA_CHECK_LAUNCH(nhwc_run_sums_kernel);
+  bn_runs_kernel<<<cuda_grid(c), kCudaThreads, 0, s>>>(c, plan.splits, parts, out);
+  DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
+}
+
+}  // namespace
+
+void channel_sums_nhwc_cuda(cuda::Context& ctx, const float* x, const float* mean, int64_t rows, int c,
+                            double* parts, double* out) {
+  nhwc_sums(ctx, FloatValues{x}, mean, rows, c, parts, out);
+}
+
+void channel_sums_nhwc_half_cuda(cuda::Context& ctx, const uint16_t* x, Precision p, int64_t rows, int c,
+                                 double* parts, double* out) {
+  nhwc_sums(ctx, HalfValues{x, p}, nullptr, rows, c, parts, out);
 }
 
 void CudaBatchNorm::reduce(size_t n, const std::string& what) {
@@ -290,7 +405,7 @@ void CudaBatchNorm::forward(const OpArgs& a) {
     if (a.counter) ++*a.counter;
   }
   if (n <= 0) return;
-  bn_apply_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, hw_, a.x[0], chan_, a.y);
+  bn_apply_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, pixel_stride(), a.x[0], chan_, a.y);
   DDP_CUDA_CHECK_LAUNCH(bn_apply_kernel);
 }
 
@@ -315,7 +430,7 @@ void CudaBatchNorm::backward(const OpArgs& a, const float* dy, const std::vector
   DDP_CUDA_CHECK_LAUNCH(bn_backward_channel_kernel);
   const int64_t n = int64_t(a.batch) * c_ * hw_;
   if (n <= 0) return;
-  bn_backward_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, hw_, a.x[0], dy, chan_, dx[0]);
+  bn_backward_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, pixel_stride(), a.x[0], dy, chan_, dx[0]);
   DDP_CUDA_CHECK_LAUNCH(bn_backward_kernel);
 }
 

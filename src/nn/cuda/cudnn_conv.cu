@@ -19,6 +19,9 @@
 // sees few: the training batch, a last partial batch), so steady-state
 // steps never ask again.
 //
+// With --channels-last (Note [channels last], nn/layout.hpp) x, y and their
+// gradients are NHWC and cuDNN takes a KRSC copy of the weights.
+//
 // In bf16 or fp16 (Note [half kernels], nn/cuda/half.cu) the tensors are 16-bit,
 // the convolution accumulates in fp32 (cuDNN's PSEUDO_HALF and
 // PSEUDO_BFLOAT16 configurations), and tensor cores may run it: that is
@@ -30,7 +33,7 @@
 #include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/core/error.hpp"           // DDP_CHECK, DDP_FAIL, ddp::Error, detail::concat
 #include "ddp/nn/cuda/conv_algo.hpp"         // choose_conv_algo: Note [conv algorithms]
-#include "ddp/nn/cuda/bn_plan.hpp"           // max_bn_splits: Note [batch norm sums]
+#include "ddp/nn/cuda/bn_plan.hpp"           // max_sum_runs: Note [batch norm sums]
 #include "ddp/nn/cuda/cudnn_graph.hpp"       // GraphConv: Note [graph engines]
 #include "ddp/runtime/cuda_check.hpp"   // DDP_CUDNN_CHECK
 
@@ -40,10 +43,14 @@ namespace {
 
 constexpr size_t kMaxWorkspace = size_t(512) << 20;
 
-// db[ch] += sums[ch], rounded to float once.
-__global__ void add_sums_kernel(int c, const double* __restrict__ sums, float* __restrict__ db) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < c; i += gridDim.x * blockDim.x) db[i] += float(sums[i]);
+// db[ch] += sums[ch], rounded to float once, then to p (a 16-bit bias
+// gradient: channel_grad_from_half_cuda's rounding).
+__global__ void add_sums_kernel(int c, const double* __restrict__ sums, Precision p, float* __restrict__ db) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < c; i += gridDim.x * blockDim.x)
+    db[i] += round_to(p, float(sums[i]));
 }
+
+cudnnTensorFormat_t cudnn_format(Layout l) { return l == Layout::NHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW; }
 
 // Note [fma math] in fp32, TF32 tensor cores allowed in tf32; tensor cores
 // in 16 bits.
@@ -113,8 +120,8 @@ struct CudnnConv::Plan {
   }
 };
 
-CudnnConv::CudnnConv(const std::string& op, Shape in, int out_c, int k, int stride, int pad, Shape out)
-    : layer_(op), in_(in), out_(out), k_(k), stride_(stride), pad_(pad) {
+CudnnConv::CudnnConv(const std::string& op, Shape in, int out_c, int k, int stride, int pad, Shape out, Layout layout)
+    : layer_(op), in_(in), out_(out), k_(k), stride_(stride), pad_(pad), layout_(layout) {
   DDP_CHECK(out.c == out_c, "op ", layer_, ": conv output ", to_string(out), " for ", out_c, " channels");
   describe();
 }
@@ -125,8 +132,9 @@ void CudnnConv::describe() {
   const cudnnDataType_t type = cudnn_data_type(precision_);
   try {
     DDP_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc_));
-    // [out_c, in_c, k, k], PyTorch's weight layout.
-    DDP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc_, type, CUDNN_TENSOR_NCHW, out_.c, in_.c, k_, k_));
+    // [out_c, in_c, k, k], PyTorch's weight layout, or with NHWC data the
+    // KRSC copy (cuDNN's NHWC filter format).
+    DDP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc_, type, cudnn_format(layout_), out_.c, in_.c, k_, k_));
     DDP_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_desc_));
     // fp32 accumulation in every precision (autocast's).
     DDP_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_desc_, pad_, pad_, stride_, stride_, 1, 1,
@@ -171,9 +179,9 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   auto p = std::make_unique<Plan>();
   const cudnnDataType_t type = cudnn_data_type(precision_);
   DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->x));
-  DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, type, batch, in_.c, in_.h, in_.w));
+  DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x, cudnn_format(layout_), type, batch, in_.c, in_.h, in_.w));
   DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->y));
-  DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, type, batch, out_.c, out_.h, out_.w));
+  DDP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, cudnn_format(layout_), type, batch, out_.c, out_.h, out_.w));
   int n = 0, c = 0, h = 0, w = 0;
   DDP_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv_desc_, p->x, w_desc_, &n, &c, &h, &w));
   DDP_CHECK(n == batch && c == out_.c && h == out_.h && w == out_.w, "cuDNN's conv output ", c, "x", h, "x", w,
@@ -245,7 +253,7 @@ void CudnnConv::rank_algorithms(cuda::Context& ctx, Plan& p) {
 // context by geometry, so a layer of a geometry timed before takes its
 // choice without running anything.
 void CudnnConv::time_algorithms(cuda::Context& ctx, Plan& p, int batch) {
-  const std::string key = conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_);
+  const std::string key = conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_, layout_);
   std::vector<int>& timed = ctx.timed_algorithms()[key];
   if (timed.empty()) {
     const size_t elem = is_half(precision_) ? 2 : 4;
@@ -309,15 +317,15 @@ void CudnnConv::time_algorithms(cuda::Context& ctx, Plan& p, int batch) {
 
 // Note [graph engines]: the three directions as graphs, each falling back,
 // said once, to the legacy call where no engine may run it. Backward filter
-// adds into fp32 gradients (beta 1) and writes 16-bit ones (beta 0), as the
-// legacy calls below do.
+// adds into fp32 NCHW gradients (beta 1) and writes 16-bit and KRSC ones
+// (beta 0), as the legacy calls below do.
 void CudnnConv::graph_plans(cuda::Context& ctx, Plan& p, int batch) {
   ConvGraphSpec spec;
-  spec.shapes = conv_graph_shapes(in_, out_, k_, batch);
+  spec.shapes = conv_graph_shapes(in_, out_, k_, batch, layout_);
   spec.precision = precision_;
   spec.pad = pad_;
   spec.stride = stride_;
-  spec.key = conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_);
+  spec.key = conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_, layout_);
   auto make = [&](ConvDirection d, float beta) {
     spec.beta = beta;
     std::string why;
@@ -330,7 +338,7 @@ void CudnnConv::graph_plans(cuda::Context& ctx, Plan& p, int batch) {
   };
   p.graph_fwd = make(ConvDirection::kForward, 0.0f);
   p.graph_data = make(ConvDirection::kBackwardData, 0.0f);
-  p.graph_filter = make(ConvDirection::kBackwardFilter, is_half(precision_) ? 0.0f : 1.0f);
+  p.graph_filter = make(ConvDirection::kBackwardFilter, is_half(precision_) || layout_ == Layout::NHWC ? 0.0f : 1.0f);
 }
 
 // Whether a graph may run on these operands (Note [graph engines]): the
@@ -379,6 +387,7 @@ void CudnnConv::run_backward_data(cuda::Context& ctx, const Plan& p, const void*
 void CudnnConv::forward(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, float* y) {
   try {
     if (is_half(precision_)) return forward_half(ctx, batch, x, w, b, y);
+    if (layout_ == Layout::NHWC) return forward_nhwc(ctx, batch, x, w, b, y);
     const Plan& p = plan(ctx, batch);
     run_forward(ctx, p, x, w, y);
     // y += b, broadcast over batch and pixels (bias_desc_ is 1 x C x 1 x 1).
@@ -393,6 +402,7 @@ void CudnnConv::backward(cuda::Context& ctx, int batch, const float* x, const fl
                          float* db, float* dx) {
   try {
     if (is_half(precision_)) return backward_half(ctx, batch, x, w, dy, dw, db, dx);
+    if (layout_ == Layout::NHWC) return backward_nhwc(ctx, batch, x, w, dy, dw, db, dx);
     const Plan& p = plan(ctx, batch);
     // beta = 1 adds into the gradients (Note [gradient accumulation]).
     const float one = 1.0f;
@@ -411,45 +421,111 @@ void CudnnConv::backward(cuda::Context& ctx, int batch, const float* x, const fl
 // (Note [batch norm sums]: many blocks a channel, in double, the same bits
 // every call), where cuDNN's bias pass took 6% of ResNet-18's fp32 step on
 // an H100 (2026-11-26).
+// NHWC: Note [channels last sums].
 void CudnnConv::bias_grad(cuda::Context& ctx, int batch, const float* dy, float* db) {
-  const int c = out_.c, splits = max_bn_splits(c, ctx.sms());
-  // parts (splits x c) and the c sums, in doubles: two floats each.
-  bias_sums_.reserve(ctx, 2 * size_t(c) * size_t(splits + 1));
-  auto* parts = reinterpret_cast<double*>(bias_sums_.data());
-  double* sums = parts + size_t(c) * size_t(splits);
-  channel_sums_cuda(ctx, dy, /*mean=*/nullptr, batch, c, out_.h * out_.w, parts, sums);
-  add_sums_kernel<<<cuda_grid(c), kCudaThreads, 0, ctx.compute()>>>(c, sums, db);
+  const int c = out_.c, hw = out_.h * out_.w;
+  double* parts = bias_sums(ctx);
+  double* sums = parts + size_t(c) * size_t(max_sum_runs(c, ctx.sms()));
+  if (layout_ == Layout::NHWC)
+    channel_sums_nhwc_cuda(ctx, dy, /*mean=*/nullptr, int64_t(batch) * hw, c, parts, sums);
+  else
+    channel_sums_cuda(ctx, dy, /*mean=*/nullptr, batch, c, hw, parts, sums);
+  add_sums_kernel<<<cuda_grid(c), kCudaThreads, 0, ctx.compute()>>>(c, sums, Precision::F32, db);
   DDP_CUDA_CHECK_LAUNCH(add_sums_kernel);
+}
+
+// In 16 bits over NHWC: the sum of the rounded gradients, rounded once to
+// the precision, as channel_grad_from_half_cuda takes it over NCHW.
+void CudnnConv::bias_grad_half(cuda::Context& ctx, int batch, const uint16_t* dyh, float* db) {
+  const int c = out_.c;
+  double* parts = bias_sums(ctx);
+  double* sums = parts + size_t(c) * size_t(max_sum_runs(c, ctx.sms()));
+  channel_sums_nhwc_half_cuda(ctx, dyh, precision_, int64_t(batch) * out_.h * out_.w, c, parts, sums);
+  add_sums_kernel<<<cuda_grid(c), kCudaThreads, 0, ctx.compute()>>>(c, sums, precision_, db);
+  DDP_CUDA_CHECK_LAUNCH(add_sums_kernel);
+}
+
+// Each channel's runs (max_sum_runs x c) and the c sums, in doubles: two
+// floats each.
+double* CudnnConv::bias_sums(cuda::Context& ctx) {
+  const int c = out_.c;
+  bias_sums_.reserve(ctx, 2 * size_t(c) * size_t(max_sum_runs(c, ctx.sms()) + 1));
+  return reinterpret_cast<double*>(bias_sums_.data());
+}
+
+// Note [channels last]: cuDNN on the KRSC copy of the weights, the weight
+// gradient written KRSC (beta 0) and added into the KCRS one.
+void CudnnConv::forward_nhwc(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b,
+                             float* y) {
+  const Plan& p = plan(ctx, batch);
+  ctx.staging(staging_bytes(backward_pieces(batch)));  // backward's, now (staging_pieces)
+  const std::vector<void*> at = staging_pieces(ctx, forward_pieces(batch));
+  weights_to_krsc_cuda(at[0], w, out_.c, in_.c, k_ * k_, precision_, ctx.compute());
+  run_forward(ctx, p, x, at[0], y);
+  if (b) add_channel_bias_cuda(y, b, int64_t(batch) * out_.numel(), out_.c, ctx.compute());
+}
+
+void CudnnConv::backward_nhwc(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy,
+                              float* dw, float* db, float* dx) {
+  const Plan& p = plan(ctx, batch);
+  const std::vector<void*> at = staging_pieces(ctx, backward_pieces(batch));
+  if (db) bias_grad(ctx, batch, dy, db);
+  if (dw) {
+    run_backward_filter(ctx, p, x, dy, 0.0f, at[1]);
+    add_weights_from_krsc_cuda(dw, at[1], out_.c, in_.c, k_ * k_, precision_, ctx.compute());
+  }
+  if (dx) {
+    weights_to_krsc_cuda(at[0], w, out_.c, in_.c, k_ * k_, precision_, ctx.compute());
+    run_backward_data(ctx, p, at[0], dy, dx);
+  }
 }
 
 // Note [half kernels] (nn/cuda/half.cu): the operands as 16-bit copies in the
 // context's staging memory, cuDNN on those, the results back in fp32.
-// x, w, y; d(y), x, w, d(w), d(x): each 16 bits a value.
+// x, w, y; d(y), x, w, d(w), d(x): each 16 bits a value (w and d(w) KRSC in
+// NHWC). In fp32 NHWC: w; w and d(w), KRSC floats.
 std::vector<size_t> CudnnConv::forward_pieces(int batch) const {
   const size_t nx = size_t(batch) * size_t(in_.numel()), ny = size_t(batch) * size_t(out_.numel()),
                nw = size_t(weight_numel());
-  return {nx * 2, nw * 2, ny * 2};
+  if (is_half(precision_)) return {nx * 2, nw * 2, ny * 2};
+  if (layout_ == Layout::NHWC) return {nw * 4};
+  return {};
 }
 
 std::vector<size_t> CudnnConv::backward_pieces(int batch) const {
   const size_t nx = size_t(batch) * size_t(in_.numel()), ny = size_t(batch) * size_t(out_.numel()),
                nw = size_t(weight_numel());
-  return {ny * 2, nx * 2, nw * 2, nw * 2, nx * 2};
+  if (is_half(precision_)) return {ny * 2, nx * 2, nw * 2, nw * 2, nx * 2};
+  if (layout_ == Layout::NHWC) return {nw * 4, nw * 4};
+  return {};
+}
+
+// The 16-bit weights cuDNN takes: a copy, or with NHWC data a KRSC one.
+void CudnnConv::weights_to_half(cuda::Context& ctx, const float* w, uint16_t* wh) const {
+  if (layout_ == Layout::NHWC)
+    weights_to_krsc_cuda(wh, w, out_.c, in_.c, k_ * k_, precision_, ctx.compute());
+  else
+    to_half_cuda(wh, w, weight_numel(), precision_, ctx.compute());
 }
 
 void CudnnConv::forward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b,
                              float* y) {
   const Plan& p = plan(ctx, batch);
-  const int64_t nx = int64_t(batch) * in_.numel(), ny = int64_t(batch) * out_.numel(), nw = weight_numel();
+  const int64_t nx = int64_t(batch) * in_.numel();
   ctx.staging(staging_bytes(backward_pieces(batch)));  // backward's, now (staging_pieces)
   const std::vector<void*> at = staging_pieces(ctx, forward_pieces(batch));
   auto* xh = static_cast<uint16_t*>(at[0]);
   auto* wh = static_cast<uint16_t*>(at[1]);
   auto* yh = static_cast<uint16_t*>(at[2]);
   to_half_cuda(xh, x, nx, precision_, ctx.compute());
-  to_half_cuda(wh, w, nw, precision_, ctx.compute());
+  weights_to_half(ctx, w, wh);
   run_forward(ctx, p, xh, wh, yh);
-  planes_from_half_cuda(y, yh, b, batch, out_.c, int64_t(out_.h) * out_.w, precision_, ctx.compute());
+  // NHWC: channel i % c, as NCHW of one pixel a plane.
+  const int64_t hw = int64_t(out_.h) * out_.w;
+  if (layout_ == Layout::NHWC)
+    planes_from_half_cuda(y, yh, b, batch * hw, out_.c, 1, precision_, ctx.compute());
+  else
+    planes_from_half_cuda(y, yh, b, batch, out_.c, hw, precision_, ctx.compute());
 }
 
 void CudnnConv::backward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy,
@@ -464,15 +540,21 @@ void CudnnConv::backward_half(cuda::Context& ctx, int batch, const float* x, con
   auto* dxh = static_cast<uint16_t*>(at[4]);
   cudaStream_t s = ctx.compute();
   to_half_cuda(dyh, dy, ny, precision_, s);
-  if (db) channel_grad_from_half_cuda(db, dyh, batch, out_.c, int64_t(out_.h) * out_.w, precision_, s);
+  if (db && layout_ == Layout::NHWC)
+    bias_grad_half(ctx, batch, dyh, db);
+  else if (db)
+    channel_grad_from_half_cuda(db, dyh, batch, out_.c, int64_t(out_.h) * out_.w, precision_, s);
   if (dw) {
     // The 16-bit gradient of this call, then added to the fp32 one.
     to_half_cuda(xh, x, nx, precision_, s);
     run_backward_filter(ctx, p, xh, dyh, 0.0f, dwh);
-    from_half_cuda(dw, dwh, nw, precision_, /*add=*/true, s);
+    if (layout_ == Layout::NHWC)
+      add_weights_from_krsc_cuda(dw, dwh, out_.c, in_.c, k_ * k_, precision_, s);
+    else
+      from_half_cuda(dw, dwh, nw, precision_, /*add=*/true, s);
   }
   if (dx) {
-    to_half_cuda(wh, w, nw, precision_, s);
+    weights_to_half(ctx, w, wh);
     run_backward_data(ctx, p, wh, dyh, dxh);
     from_half_cuda(dx, dxh, nx, precision_, /*add=*/false, s);
   }

@@ -43,16 +43,22 @@ class CudaArray final : public Array {
 
 std::string CudaDevice::name() const { return "cuda:" + std::to_string(ctx_.device()); }
 
+Layout CudaDevice::layout(const Graph& g) {
+  return forced_ ? *forced_ : plan_layout(g, ctx_.channels_last()).layout;
+}
+
 std::unique_ptr<Kernel> CudaDevice::kernel(const Graph& g, size_t i, StatsReducer* stats) {
   const Op& op = g.ops[i];
+  const Layout l = layout(g);
+  if (l == Layout::NHWC && !runs_nhwc(g, op)) DDP_FAIL("op ", op.name, ": no NHWC kernel for ", to_string(op.kind));
   switch (op.kind) {
-    case OpKind::Conv2d: return std::make_unique<CudaConv>(op, ctx_);
+    case OpKind::Conv2d: return std::make_unique<CudaConv>(op, ctx_, l);
     case OpKind::ConvReluPool: return std::make_unique<CudaConvReluPool>(op, ctx_);
-    case OpKind::BatchNorm2d: return std::make_unique<CudaBatchNorm>(op, ctx_, stats);
+    case OpKind::BatchNorm2d: return std::make_unique<CudaBatchNorm>(op, ctx_, stats, l);
     case OpKind::ReLU: return std::make_unique<CudaRelu>(op, ctx_);
     case OpKind::Add: return std::make_unique<CudaAdd>(op, ctx_);
     case OpKind::AvgPool2d: return std::make_unique<CudaAvgPool>(op, ctx_);
-    case OpKind::GlobalAvgPool: return std::make_unique<CudaGlobalAvgPool>(op, ctx_);
+    case OpKind::GlobalAvgPool: return std::make_unique<CudaGlobalAvgPool>(op, ctx_, l);
     case OpKind::Flatten: return std::make_unique<CudaFlatten>(op, ctx_);
     case OpKind::Linear: return std::make_unique<CudaLinear>(op, ctx_);
   }
@@ -102,5 +108,9 @@ void CudaDevice::from_host(float* dev, const float* host, size_t n) {
 void CudaDevice::sync() { ctx_.sync(); }
 
 std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx) { return std::make_unique<CudaDevice>(ctx); }
+
+std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx, Layout layout) {
+  return std::make_unique<CudaDevice>(ctx, layout);
+}
 
 }  // namespace ddp::nn

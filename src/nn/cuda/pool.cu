@@ -1,4 +1,5 @@
-// Average pooling on the GPU, NCHW, as nn/cpu/pool.cpp: 2x2 / stride 2 with
+// Average pooling on the GPU, NCHW (the global pool also NHWC: Note [channels
+// last], nn/layout.hpp), as nn/cpu/pool.cpp: 2x2 / stride 2 with
 // floor on odd sizes (the kernels shared with ConvReluPool) and global.
 // One thread per output element forward and per input element backward, so
 // every element is written exactly once and nothing needs atomics.
@@ -37,6 +38,21 @@ __global__ void global_avgpool_backward_kernel(int64_t n, int hw, const float* _
     dx[i] = kernel::global_avgpool_grad_at(i, hw, dy);
 }
 
+// Note [channels last]: one thread an output (image, channel), neighbouring
+// threads on neighbouring channels, so each pixel's read is one contiguous
+// row.
+__global__ void global_avgpool_nhwc_forward_kernel(int64_t n, int c, int hw, const float* __restrict__ x,
+                                                   float* __restrict__ y) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = kernel::global_avgpool_nhwc_at(i, c, hw, x);
+}
+
+__global__ void global_avgpool_nhwc_backward_kernel(int64_t n, int c, int hw, const float* __restrict__ dy,
+                                                    float* __restrict__ dx) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dx[i] = kernel::global_avgpool_grad_nhwc_at(i, c, hw, dy);
+}
+
 }  // namespace
 
 void avgpool2_forward_cuda(int64_t planes, int h, int w, const float* x, bool relu, float* y, cudaStream_t stream) {
@@ -65,6 +81,12 @@ void CudaAvgPool::backward(const OpArgs& a, const float* dy, const std::vector<f
 void CudaGlobalAvgPool::forward(const OpArgs& a) {
   const int64_t planes = int64_t(a.batch) * in_.c;
   if (planes <= 0) return;
+  if (layout_ == Layout::NHWC) {
+    global_avgpool_nhwc_forward_kernel<<<cuda_grid(planes), kCudaThreads, 0, ctx_.compute()>>>(
+        planes, in_.c, in_.h * in_.w, a.x[0], a.y);
+    DDP_CUDA_CHECK_LAUNCH(global_avgpool_nhwc_forward_kernel);
+    return;
+  }
   global_avgpool_forward_kernel<<<cuda_grid(planes), kCudaThreads, 0, ctx_.compute()>>>(planes, in_.h * in_.w,
                                                                                           a.x[0], a.y);
   DDP_CUDA_CHECK_LAUNCH(global_avgpool_forward_kernel);
@@ -73,6 +95,12 @@ void CudaGlobalAvgPool::forward(const OpArgs& a) {
 void CudaGlobalAvgPool::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
   const int64_t n = int64_t(a.batch) * in_.numel();
   if (!dx[0] || n <= 0) return;
+  if (layout_ == Layout::NHWC) {
+    global_avgpool_nhwc_backward_kernel<<<cuda_grid(n), kCudaThreads, 0, ctx_.compute()>>>(n, in_.c, in_.h * in_.w,
+                                                                                            dy, dx[0]);
+    DDP_CUDA_CHECK_LAUNCH(global_avgpool_nhwc_backward_kernel);
+    return;
+  }
   global_avgpool_backward_kernel<<<cuda_grid(n), kCudaThreads, 0, ctx_.compute()>>>(n, in_.h * in_.w, dy, dx[0]);
   DDP_CUDA_CHECK_LAUNCH(global_avgpool_backward_kernel);
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ddp/core/rng.hpp"              // Rng: the same inputs on every machine
+#include "ddp/nn/layout.hpp"             // Layout, nchw_at, nhwc_at: Note [channels last]
 #include "ddp/nn/model.hpp"              // Model: the twins an OptimizerPair steps
 #include "ddp/optim/kernels.hpp"         // make_cpu_kernels, make_cuda_kernels
 #include "ddp/optim/optimizer.hpp"       // Optimizer
@@ -100,6 +101,32 @@ inline StepInputs step_inputs(int step, int batch, size_t image_floats, int clas
   for (float& v : in.x) v = rng.uniform();
   for (int32_t& l : in.labels) l = int32_t(rng.below(uint64_t(classes)));
   return in;
+}
+
+// A batch of `batch` samples of shape s, NCHW, in `layout` (to_layout), and
+// a batch in `layout` back in NCHW (from_layout).
+inline std::vector<float> relayout(const std::vector<float>& v, int batch, nn::Shape s, nn::Layout layout,
+                                   bool to) {
+  if (layout == nn::Layout::NCHW) return v;
+  std::vector<float> out(v.size());
+  for (int n = 0; n < batch; ++n)
+    for (int c = 0; c < s.c; ++c)
+      for (int y = 0; y < s.h; ++y)
+        for (int x = 0; x < s.w; ++x) {
+          const size_t a = size_t(nn::nchw_at(n, c, y, x, s.c, s.h, s.w)),
+                       b = size_t(nn::nhwc_at(n, c, y, x, s.c, s.h, s.w));
+          if (to)
+            out[b] = v[a];
+          else
+            out[a] = v[b];
+        }
+  return out;
+}
+inline std::vector<float> to_layout(const std::vector<float>& v, int batch, nn::Shape s, nn::Layout layout) {
+  return relayout(v, batch, s, layout, true);
+}
+inline std::vector<float> from_layout(const std::vector<float>& v, int batch, nn::Shape s, nn::Layout layout) {
+  return relayout(v, batch, s, layout, false);
 }
 
 // Floats as their bits: equal means bitwise equal (0.0 and -0.0 differ).

@@ -24,7 +24,9 @@ using nn_cuda_test::on_grid;
 
 class CudaLayers : public nn_cuda_test::GpuTest {
  protected:
-  void check(const Graph& g, size_t op, int batch);
+  // The GPU's kernel in `layout` (Note [channels last]): its inputs, output
+  // and their gradients transposed at the test's edges, the CPU's NCHW.
+  void check(const Graph& g, size_t op, int batch, Layout layout = Layout::NCHW);
   // check() with the proven kernels, then with --gpu-kernels next's
   // (BatchNorm's split sums, Note [batch norm sums]; convolutions through
   // cuDNN's graph API, Note [graph engines]).
@@ -53,12 +55,15 @@ class CudaLayers : public nn_cuda_test::GpuTest {
 // by its whole size.
 constexpr double kConvParamGradTol = 5e-3;
 
-void CudaLayers::check(const Graph& g, size_t op_index, int batch) {
+void CudaLayers::check(const Graph& g, size_t op_index, int batch, Layout layout) {
   const Op& op = g.ops[op_index];
-  SCOPED_TRACE(op.name + " batch " + std::to_string(batch));
+  SCOPED_TRACE(op.name + " batch " + std::to_string(batch) + ", " + to_string(layout));
   const bool conv = op.kind == OpKind::Conv2d || op.kind == OpKind::ConvReluPool;
   auto cpu_dev = make_cpu_device(2);
-  auto gpu_dev = make_cuda_device(ctx());
+  auto gpu_dev = make_cuda_device(ctx(), layout);
+  // A value's batch between the CPU's layout and the GPU's.
+  auto to_gpu = [&](const std::vector<float>& v, Shape s) { return nn_cuda_test::to_layout(v, batch, s, layout); };
+  auto from_gpu = [&](const std::vector<float>& v, Shape s) { return nn_cuda_test::from_layout(v, batch, s, layout); };
   auto cpu = cpu_dev->kernel(g, op_index, nullptr);
   auto gpu = gpu_dev->kernel(g, op_index, nullptr);
 
@@ -109,7 +114,7 @@ void CudaLayers::check(const Graph& g, size_t op_index, int batch) {
     const size_t n = size_t(batch) * size_t(g.values[size_t(op.inputs[i])].numel());
     x.push_back(conv ? on_grid(n, 1 + i, 0.25f, 4) : normal(n, 1 + i));
     dx.push_back(std::vector<float>(n));
-    gx.push_back(std::make_unique<DeviceArray<float>>(ctx(), x.back()));
+    gx.push_back(std::make_unique<DeviceArray<float>>(ctx(), to_gpu(x.back(), g.values[size_t(op.inputs[i])])));
     gdx.push_back(std::make_unique<DeviceArray<float>>(ctx(), normal(n, 4 + i)));
     ca.x.push_back(x.back().data());
     ga.x.push_back(gx.back()->get());
@@ -117,13 +122,13 @@ void CudaLayers::check(const Graph& g, size_t op_index, int batch) {
   const size_t ny = size_t(batch) * size_t(op.out.numel());
   std::vector<float> y(ny);
   DeviceArray<float> gy(ctx(), normal(ny, 3)), gdy(ctx(), normal(ny, 2));
-  const std::vector<float> dy = gdy.download();
+  const std::vector<float> dy = from_gpu(gdy.download(), op.out);
   ca.y = y.data();
   ga.y = gy.get();
 
   cpu->forward(ca);
   gpu->forward(ga);
-  EXPECT_TRUE(agrees(gy.download(), y)) << "forward";
+  EXPECT_TRUE(agrees(from_gpu(gy.download(), op.out), y)) << "forward";
   for (size_t i = 0; i < buf.size(); ++i) EXPECT_TRUE(agrees(gbuf[i]->download(), buf[i])) << "buffer " << i;
   EXPECT_EQ(gpu_counter, cpu_counter);
 
@@ -134,7 +139,8 @@ void CudaLayers::check(const Graph& g, size_t op_index, int batch) {
   }
   cpu->backward(ca, dy.data(), cdx);
   gpu->backward(ga, gdy.get(), gdxp);
-  for (size_t i = 0; i < x.size(); ++i) EXPECT_TRUE(agrees(gdx[i]->download(), dx[i])) << "dx " << i;
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_TRUE(agrees(from_gpu(gdx[i]->download(), g.values[size_t(op.inputs[i])]), dx[i])) << "dx " << i;
   const double grad_tol = conv ? kConvParamGradTol : 1e-4;
   for (size_t i = 0; i < p.size(); ++i) EXPECT_TRUE(agrees(gdp[i]->download(), dp[i], grad_tol)) << "grad " << i;
 
@@ -148,7 +154,7 @@ void CudaLayers::check(const Graph& g, size_t op_index, int batch) {
     ca.mode = ga.mode = Mode::Eval;
     cpu->forward(ca);
     gpu->forward(ga);
-    EXPECT_TRUE(agrees(gy.download(), y)) << "eval forward";
+    EXPECT_TRUE(agrees(from_gpu(gy.download(), op.out), y)) << "eval forward";
     EXPECT_EQ(gpu_counter, cpu_counter) << "eval counts no batch";
   }
 }
@@ -236,6 +242,42 @@ TEST_F(CudaLayers, LinearLenetFc1OnImageShape) {
 TEST_F(CudaLayers, LinearLenetFc2) {
   const Graph g = one_op({128, 1, 1}, [](GraphBuilder& b, int x) { return b.linear("fc2", x, 10); });
   for (int batch : {7, 64}) check(g, 0, batch);
+}
+
+// Note [channels last]: every op kind with an NHWC kernel, in NHWC, against
+// the CPU: ResNet-18's convolutions (3x3 padded, strided, the 1x1
+// projection), odd sides and channel counts that are not multiples of 8
+// (nor of the sums' 32-channel groups), BatchNorm in both modes, the global
+// pool, the residual add; legacy and graph-API convolutions alike.
+TEST_F(CudaLayers, ChannelsLastAgainstTheCpu) {
+  const Layout nhwc = Layout::NHWC;
+  const Graph padded = one_op({3, 12, 10}, [](GraphBuilder& b, int x) { return b.conv("conv", x, 8, 3, 1, 1); });
+  const Graph wide = one_op({64, 14, 14}, [](GraphBuilder& b, int x) { return b.conv("conv", x, 64, 3, 1, 1); });
+  const Graph strided = one_op({4, 11, 9}, [](GraphBuilder& b, int x) { return b.conv("conv_s2", x, 6, 3, 2, 1); });
+  const Graph proj = one_op({64, 7, 7}, [](GraphBuilder& b, int x) { return b.conv("conv3", x, 128, 1, 2, 0); });
+  const Graph odd = one_op({5, 9, 7}, [](GraphBuilder& b, int x) { return b.conv("conv_odd", x, 37, 3, 1, 1); });
+  both_kernels([&] {
+    for (const Graph* g : {&padded, &wide, &strided, &proj, &odd})
+      for (int batch : {3, 16}) check(*g, 0, batch, nhwc);
+    for (const Shape& in : {Shape{64, 7, 7}, Shape{16, 28, 28}, Shape{37, 5, 3}}) {
+      const Graph g = one_op(in, [](GraphBuilder& b, int x) { return b.batch_norm("bn", x); });
+      for (int batch : {3, 32}) check(g, 0, batch, nhwc);
+    }
+  });
+  for (const Shape& in : {Shape{512, 4, 4}, Shape{37, 3, 5}}) {
+    const Graph g = one_op(in, [](GraphBuilder& b, int x) { return b.global_avg_pool("gap", x); });
+    for (int batch : {7, 64}) check(g, 0, batch, nhwc);
+  }
+  const Graph add = one_op({8, 6, 6}, [](GraphBuilder& b, int x) { return b.add("add", x, b.relu("r", x), true); });
+  for (int batch : {3, 32}) {
+    check(add, 0, batch, nhwc);
+    check(add, 1, batch, nhwc);
+  }
+}
+
+TEST_F(CudaLayers, AnOpWithoutAnNhwcKernelIsRefusedInNhwc) {
+  const Graph g = one_op({20, 12, 12}, [](GraphBuilder& b, int x) { return b.avg_pool2("pool", x); });
+  EXPECT_THROW(make_cuda_device(ctx(), Layout::NHWC)->kernel(g, 0, nullptr), Error);
 }
 
 TEST_F(CudaLayers, BackwardBeforeForwardAtThatBatchIsAnError) {

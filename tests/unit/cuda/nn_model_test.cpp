@@ -215,6 +215,14 @@ TEST_F(CudaModels, LenetOddBatch) { two_steps("lenet", 7); }
 // modes, strided and 1x1 convolutions and global pooling, a full step.
 TEST_F(CudaModels, Resnet18TwoSgdStepsMatchCpu) { two_steps("resnet18", 16, resnet_bounds()); }
 
+// --channels-last (Note [channels last]): the same network NHWC on the
+// GPU, held to the same bounds against the CPU.
+TEST_F(CudaModels, Resnet18ChannelsLastTwoSgdStepsMatchCpu) {
+  ctx().set_channels_last(true);
+  ASSERT_EQ(plan_layout(model_graph("resnet18", {1, 28, 28}, 10), true).layout, Layout::NHWC);
+  two_steps("resnet18", 16, resnet_bounds());
+}
+
 TEST_F(CudaModels, BackwardAtAnotherBatchIsAnError) {
   auto dev = make_cuda_device(ctx());
   Model gpu(model_graph("mlp", {1, 28, 28}, 10), *dev);

@@ -5,7 +5,7 @@
 //  - One layer of each kind (a convolution with a bias, a strided one, the
 //    fused conv-relu-pool, a linear layer) on values whose every product and
 //    sum is exact in fp32: output and parameter gradients the same values on
-//    both devices. This checks the wiring (which operand, which layout, added
+//    both devices, NCHW and NHWC (Note [channels last]). This checks the wiring (which operand, which layout, added
 //    or overwritten), not the roundings. (A first op's d(input) is never
 //    computed; the models below need every layer's.)
 //  - Whole models on random values: what autocast rounds is a value of the
@@ -45,10 +45,14 @@ constexpr Precision kHalves[] = {Precision::BF16, Precision::F16};
 
 class CudaHalf : public nn_cuda_test::GpuTest {};
 
-// One graph on the CPU and on the GPU, from one state, both in precision p.
+// One graph on the CPU and on the GPU, from one state, both in precision p;
+// the GPU's activations in `layout` (Note [channels last]).
 struct Twins {
-  Twins(cuda::Context& ctx, const Graph& g, const ModelState& s, Precision p)
-      : cpu_dev(make_cpu_device(2)), gpu_dev(make_cuda_device(ctx)), cpu(g, *cpu_dev), gpu(g, *gpu_dev) {
+  Twins(cuda::Context& ctx, const Graph& g, const ModelState& s, Precision p, Layout layout = Layout::NCHW)
+      : cpu_dev(make_cpu_device(2)),
+        gpu_dev(make_cuda_device(ctx, layout)),
+        cpu(g, *cpu_dev),
+        gpu(g, *gpu_dev) {
     for (Model* m : {&cpu, &gpu}) {
       m->set_state(s);
       m->set_precision(p);
@@ -116,9 +120,11 @@ TEST_F(CudaHalf, EachLayerIsTheCpusRoundings) {
     const std::vector<float> x = on_grid(nx, 1, 0.5f, 1), dy = on_grid(ny, 2, 0.125f, 1);
     // TF32 too (Note [tf32]): these values keep every bit in its 10-bit
     // mantissas, so its tensor cores must give fp32's results exactly.
-    for (Precision p : {Precision::BF16, Precision::F16, Precision::TF32}) {
-      SCOPED_TRACE(std::string(c.name) + ", " + to_string(p));
-      Twins t(ctx(), g, s, p);
+    for (Precision p : {Precision::BF16, Precision::F16, Precision::TF32})
+    for (Layout layout : {Layout::NCHW, Layout::NHWC}) {
+      if (layout == Layout::NHWC && g.ops[0].kind == OpKind::ConvReluPool) continue;  // LeNet's: NCHW only
+      SCOPED_TRACE(std::string(c.name) + ", " + to_string(p) + ", " + to_string(layout));
+      Twins t(ctx(), g, s, p, layout);
       Model &cpu = t.cpu, &gpu = t.gpu;
       const float* y = cpu.forward(x.data(), batch);
       const std::vector<float> cpu_y(y, y + ny);
@@ -126,8 +132,11 @@ TEST_F(CudaHalf, EachLayerIsTheCpusRoundings) {
       cpu.backward(dy.data(), batch);
       const std::vector<float> cpu_grads(cpu.grads(), cpu.grads() + g.num_params);
 
-      DeviceArray<float> gx(ctx(), x), gdy(ctx(), dy);
-      const std::vector<float> gpu_y = to_host(ctx(), gpu.forward(gx.get(), batch), ny);
+      // The GPU's input and output gradient in its layout, its output back.
+      DeviceArray<float> gx(ctx(), nn_cuda_test::to_layout(x, batch, c.input, layout)),
+          gdy(ctx(), nn_cuda_test::to_layout(dy, batch, g.output_shape(), layout));
+      const std::vector<float> gpu_y = nn_cuda_test::from_layout(to_host(ctx(), gpu.forward(gx.get(), batch), ny),
+                                                                 batch, g.output_shape(), layout);
       gpu.zero_grads();
       gpu.backward(gdy.get(), batch);
       EXPECT_TRUE(agrees_in_scale(gpu_y.data(), cpu_y.data(), ny, 1e-6)) << "output";

@@ -49,4 +49,35 @@ inline BnSplit plan_bn_split(int64_t values, int channels, int sms) {
   return p;
 }
 
+// Note [channels last sums]: an NHWC tensor (Note [channels last],
+// nn/layout.hpp) is rows (images x pixels) of c channels, a channel's values
+// c floats apart. A block takes kNhwcGroup consecutive channels
+// (a warp reads 128 contiguous bytes of a row) of a run of rows; its
+// kNhwcWarps warps take interleaved rows, each thread summing in double in
+// row order, and the warps' sums are added in warp order; the second pass
+// adds each channel's runs in run order, as Note [batch norm sums]. The cut
+// depends only on rows, channels and the SM count: the same bits every call.
+constexpr int kNhwcGroup = 32, kNhwcWarps = 8;
+
+inline int nhwc_channel_groups(int channels) { return (std::max(channels, 1) + kNhwcGroup - 1) / kNhwcGroup; }
+
+// rows: images x pixels of this call. A block's run is at least
+// kBnMinPerSplit values (rows x the group's channels), as plan_bn_split's.
+inline BnSplit plan_nhwc_split(int64_t rows, int channels, int sms) {
+  BnSplit p;
+  if (rows <= 0) return p;
+  const int64_t width = std::min(std::max(channels, 1), kNhwcGroup);
+  const int64_t by_size = std::max<int64_t>(1, rows * width / kBnMinPerSplit);
+  const int64_t splits = std::min<int64_t>(max_bn_splits(nhwc_channel_groups(channels), sms), by_size);
+  p.per_split = (rows + splits - 1) / splits;
+  p.splits = int((rows + p.per_split - 1) / p.per_split);
+  return p;
+}
+
+// The most runs a channel is cut into in either layout: what a layer
+// allocates for its partial sums (c x this many doubles a sum).
+inline int max_sum_runs(int channels, int sms) {
+  return std::max(max_bn_splits(channels, sms), max_bn_splits(nhwc_channel_groups(channels), sms));
+}
+
 }  // namespace ddp::nn

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "ddp/nn/graph.hpp"      // Shape
+#include "ddp/nn/layout.hpp"     // Layout: Note [channels last]
 #include "ddp/nn/precision.hpp"  // Precision
 
 namespace ddp::nn {
@@ -88,11 +89,13 @@ inline TimedChoice choose_timed_algo(const std::vector<TimedAlgo>& timed, bool d
 }
 
 // Note [measured algorithms]: what identifies a convolution's timing: its
-// input, filters, stride, padding, batch and precision ("64x28x28 -> 128 k3
-// s2 p1, batch 256, tf32").
-inline std::string conv_plan_key(Shape in, int out_c, int k, int stride, int pad, int batch, Precision p) {
+// input, filters, stride, padding, batch, precision and, where it is not
+// NCHW, layout ("64x28x28 -> 128 k3 s2 p1, batch 256, tf32, NHWC").
+inline std::string conv_plan_key(Shape in, int out_c, int k, int stride, int pad, int batch, Precision p,
+                                 Layout layout = Layout::NCHW) {
   return to_string(in) + " -> " + std::to_string(out_c) + " k" + std::to_string(k) + " s" + std::to_string(stride) +
-         " p" + std::to_string(pad) + ", batch " + std::to_string(batch) + ", " + to_string(p);
+         " p" + std::to_string(pad) + ", batch " + std::to_string(batch) + ", " + to_string(p) +
+         (layout == Layout::NCHW ? "" : std::string(", ") + to_string(layout));
 }
 
 // Note [graph engines]: with --gpu-kernels next each direction of a
@@ -143,16 +146,23 @@ inline GraphTensor packed_nchw(int64_t n, int64_t c, int64_t h, int64_t w) {
   return {{n, c, h, w}, {c * h * w, h * w, w, 1}};
 }
 
-// A convolution's three tensors in the layout the layers keep (packed
-// NCHW; filters [out_c, in_c, k, k], PyTorch's), the same in every
-// direction: backward data writes x's shape, backward filter w's.
+// The same dimensions laid out channels-last: NHWC, or filters KRSC (Note
+// [channels last], nn/layout.hpp).
+inline GraphTensor packed_nhwc(int64_t n, int64_t c, int64_t h, int64_t w) {
+  return {{n, c, h, w}, {h * w * c, 1, w * c, c}};
+}
+
+// A convolution's three tensors in the layout the layers keep (packed NCHW,
+// filters [out_c, in_c, k, k], PyTorch's; or NHWC with KRSC filters), the
+// same in every direction: backward data writes x's shape, backward filter
+// w's.
 struct ConvGraphShapes {
   GraphTensor x, w, y;
 };
 
-inline ConvGraphShapes conv_graph_shapes(Shape in, Shape out, int k, int batch) {
-  return {packed_nchw(batch, in.c, in.h, in.w), packed_nchw(out.c, in.c, k, k),
-          packed_nchw(batch, out.c, out.h, out.w)};
+inline ConvGraphShapes conv_graph_shapes(Shape in, Shape out, int k, int batch, Layout layout = Layout::NCHW) {
+  const auto packed = layout == Layout::NHWC ? packed_nhwc : packed_nchw;
+  return {packed(batch, in.c, in.h, in.w), packed(out.c, in.c, k, k), packed(batch, out.c, out.h, out.w)};
 }
 
 // The alignment the graphs promise cuDNN for every operand; an operand

@@ -8,16 +8,19 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ddp/nn/device.hpp"
+#include "ddp/nn/layout.hpp"             // Layout: Note [channels last]
 #include "ddp/runtime/cuda_context.hpp"  // cuda::Context
 
 namespace ddp::nn {
 
 class CudaDevice : public Device {
  public:
-  explicit CudaDevice(cuda::Context& ctx) : ctx_(ctx) {}
+  explicit CudaDevice(cuda::Context& ctx, std::optional<Layout> layout = std::nullopt)
+      : ctx_(ctx), forced_(layout) {}
   std::string name() const override;
   std::unique_ptr<Kernel> kernel(const Graph& g, size_t i, StatsReducer* stats) override;
   std::unique_ptr<Array> alloc(size_t n) override;
@@ -30,10 +33,20 @@ class CudaDevice : public Device {
   void sync() override;
 
  protected:
+  // The layout g's kernels run in here: the context's --channels-last where
+  // g allows it (plan_layout; the start-up lines say which), or the one this
+  // device was made with.
+  Layout layout(const Graph& g);
   cuda::Context& ctx_;
+
+ private:
+  std::optional<Layout> forced_;
 };
 
 std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx);
+// Every kernel in `layout`, whatever the graph (the layer tests compare the
+// layouts op by op).
+std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx, Layout layout);
 
 // Softmax cross-entropy on the device, one launch: writes d(mean loss)/d(logits)
 // into dlogits (the mean over grad_batch samples where it is > 0, as on the

@@ -21,6 +21,7 @@
 
 #include "ddp/nn/device.hpp"             // Kernel, OpArgs, StatsReducer
 #include "ddp/nn/graph.hpp"              // Op, Shape
+#include "ddp/nn/layout.hpp"             // Layout: Note [channels last]
 #include "ddp/nn/precision.hpp"          // Precision: Note [half kernels]
 #include "ddp/runtime/cuda_context.hpp"  // cuda::Context, cuda::DeviceBuffer
 
@@ -67,6 +68,22 @@ void channel_grad_from_half_cuda(float* db, const uint16_t* dyh, int64_t images,
 // max_bn_splits(c, ctx.sms()) * c doubles.
 void channel_sums_cuda(cuda::Context& ctx, const float* x, const float* mean, int images, int c, int hw,
                        double* parts, double* out);
+// The same over an NHWC tensor of `rows` rows (images x pixels) of c
+// channels (Note [channels last sums], nn/cuda/bn_plan.hpp); parts holds
+// max_sum_runs(c, ctx.sms()) * c doubles. The _half twin sums 16-bit values
+// (a bias gradient in bf16 or fp16: Note [half kernels]).
+void channel_sums_nhwc_cuda(cuda::Context& ctx, const float* x, const float* mean, int64_t rows, int c,
+                            double* parts, double* out);
+void channel_sums_nhwc_half_cuda(cuda::Context& ctx, const uint16_t* x, Precision p, int64_t rows, int c,
+                                 double* parts, double* out);
+// Note [channels last] (nn/layout.hpp), src/nn/cuda/channels_last.cu:
+// dst = the KRSC copy of KCRS weights w [k, c, rs] in p's type (floats in
+// fp32 and TF32, 16-bit bits in bf16 and fp16); dw += the KCRS form of a
+// KRSC gradient src of p's type; y[i] += b[i % c] over n values of an NHWC
+// tensor.
+void weights_to_krsc_cuda(void* dst, const float* w, int k, int c, int rs, Precision p, cudaStream_t stream);
+void add_weights_from_krsc_cuda(float* dw, const void* src, int k, int c, int rs, Precision p, cudaStream_t stream);
+void add_channel_bias_cuda(float* y, const float* b, int64_t n, int c, cudaStream_t stream);
 // The context's staging memory cut into pieces of these many bytes, each
 // 256-byte aligned; valid until the next call on this context. An op's
 // forward sizes the staging memory for its backward's pieces
@@ -82,7 +99,10 @@ class GraphConv;  // nn/cuda/cudnn_graph.hpp
 class CudnnConv {
  public:
   // out: the conv output shape the graph computed; checked against cuDNN's.
-  CudnnConv(const std::string& op, Shape in, int out_c, int k, int stride, int pad, Shape out);
+  // layout: of x, y and their gradients (Note [channels last]); the weights
+  // are PyTorch's KCRS either way.
+  CudnnConv(const std::string& op, Shape in, int out_c, int k, int stride, int pad, Shape out,
+            Layout layout = Layout::NCHW);
   ~CudnnConv();
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;
@@ -112,14 +132,23 @@ class CudnnConv {
   // whether one may run on these operands.
   void graph_plans(cuda::Context& ctx, Plan& p, int batch);
   bool graph_fits(cuda::Context& ctx, const GraphConv* g, std::initializer_list<const void*> operands) const;
-  // --gpu-kernels next: db += the sum of dy per channel (fp32).
+  // db += the sum of dy per channel (fp32; --gpu-kernels next or NHWC), or
+  // of dyh rounded to the precision (16 bits, NHWC).
   void bias_grad(cuda::Context& ctx, int batch, const float* dy, float* db);
+  void bias_grad_half(cuda::Context& ctx, int batch, const uint16_t* dyh, float* db);
+  double* bias_sums(cuda::Context& ctx);  // bias_sums_, sized: parts, then the c sums
   void describe();  // the descriptors, for precision_
   void release();   // destroys them
   int64_t weight_numel() const { return int64_t(out_.c) * in_.c * k_ * k_; }
-  // Note [half kernels]: the staging pieces of a 16-bit forward and backward.
+  // The staging pieces of a forward and a backward: in 16 bits (Note [half
+  // kernels]) the operands' copies; in fp32 NHWC the KRSC weights and their
+  // gradient; none in fp32 NCHW.
   std::vector<size_t> forward_pieces(int batch) const;
   std::vector<size_t> backward_pieces(int batch) const;
+  void weights_to_half(cuda::Context& ctx, const float* w, uint16_t* wh) const;
+  void forward_nhwc(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, float* y);
+  void backward_nhwc(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy, float* dw,
+                     float* db, float* dx);
   cudnnMathType_t run_math(cudnnMathType_t ranked) const;
   // cuDNN's three calls on operands of the descriptors' type, each with its
   // algorithm's math type; y and dx overwritten, dw = beta * dw + d(conv)/dw.
@@ -132,18 +161,19 @@ class CudnnConv {
   std::string layer_;
   Shape in_, out_;
   int k_, stride_, pad_;
+  Layout layout_;
   Precision precision_ = Precision::F32;
   cudnnFilterDescriptor_t w_desc_ = nullptr;
   cudnnConvolutionDescriptor_t conv_desc_ = nullptr;
   cudnnTensorDescriptor_t bias_desc_ = nullptr;
   std::map<int, std::unique_ptr<Plan>> plans_;  // by batch size
-  cuda::DeviceBuffer bias_sums_;                // bias_grad's partial and channel sums
+  cuda::DeviceBuffer bias_sums_;                // bias_grad's partial and channel sums (as doubles)
 };
 
 // One class per op kind; each is made for one op of a graph.
 class CudaConv final : public Kernel {
  public:
-  CudaConv(const Op& op, cuda::Context& ctx);
+  CudaConv(const Op& op, cuda::Context& ctx, Layout layout = Layout::NCHW);
   void forward(const OpArgs& a) override;
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
   bool set_precision(Precision p) override;
@@ -187,7 +217,7 @@ class CudaConvReluPool : public Kernel {
 // StatsReducer, SyncBatchNorm (the per-channel sums go through the host).
 class CudaBatchNorm : public Kernel {
  public:
-  CudaBatchNorm(const Op& op, cuda::Context& ctx, StatsReducer* stats);
+  CudaBatchNorm(const Op& op, cuda::Context& ctx, StatsReducer* stats, Layout layout = Layout::NCHW);
   ~CudaBatchNorm() override;
   void forward(const OpArgs& a) override;
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
@@ -217,8 +247,12 @@ class CudaBatchNorm : public Kernel {
   double* sums_ = nullptr;  // device: the sums (two doubles per channel)
 
  private:
+  // What the element-wise passes divide a flat index by before taking it
+  // modulo c: NCHW's pixels a plane, 1 in NHWC.
+  int pixel_stride() const { return layout_ == Layout::NHWC ? 1 : hw_; }
   float* chan_ = nullptr;   // device, per channel: mean, invstd, scale, shift, ...
-  bool split_;                // --gpu-kernels next: Note [batch norm sums]'s runs
+  Layout layout_;
+  bool split_;                // --gpu-kernels next or NHWC: the sums in runs
   double* parts_ = nullptr;  // device: each channel's run sums (Note [batch norm sums])
   std::vector<double> host_;  // the sums on their way through the host
 };
@@ -259,13 +293,15 @@ class CudaAvgPool final : public Kernel {
 
 class CudaGlobalAvgPool final : public Kernel {
  public:
-  CudaGlobalAvgPool(const Op& op, cuda::Context& ctx) : in_(op.in), ctx_(ctx) {}
+  CudaGlobalAvgPool(const Op& op, cuda::Context& ctx, Layout layout = Layout::NCHW)
+      : in_(op.in), ctx_(ctx), layout_(layout) {}
   void forward(const OpArgs& a) override;
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
 
  private:
   Shape in_;
   cuda::Context& ctx_;
+  Layout layout_;  // of the input (the output is the same in both)
 };
 
 class CudaFlatten final : public Kernel {
