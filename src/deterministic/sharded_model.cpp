@@ -15,10 +15,14 @@ using nn::OpKind;
 
 ShardedModel::ShardedModel(nn::Graph graph, nn::Device& device, nn::StatsReducer* stats)
     : Model(std::move(graph), device, stats), lanes_(dynamic_cast<Lanes*>(&device)) {
-  for (size_t i = 0; i < this->graph().ops.size(); ++i)
+  for (size_t i = 0; i < this->graph().ops.size(); ++i) {
+    // Micro-shards are cut op by op (shard_args): no claimed runs.
+    DDP_CHECK(run_length(i) == 1, "model ", name(), ": op ", this->graph().ops[i].name, ": device ", device.name(),
+              " runs it with its neighbours as one kernel, which --deterministic's micro-shards cannot cut");
     DDP_CHECK(this->graph().ops[i].kind != OpKind::BatchNorm2d || dynamic_cast<ShardedBatchKernel*>(&kernel(i)),
               "model ", name(), ": op ", this->graph().ops[i].name, ": device ", device.name(),
               " has no BatchNorm that sums micro-shards (--deterministic)");
+  }
 }
 
 void ShardedModel::for_lanes(int64_t n, const std::function<void(int64_t, int)>& body) {

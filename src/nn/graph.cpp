@@ -263,4 +263,27 @@ bool has_batch_norm(const Graph& g) {
   return false;
 }
 
+bool claimable_run(const Graph& g, size_t first, size_t count) {
+  if (count == 0 || first + count > g.ops.size()) return false;
+  for (size_t k = first; k + 1 < first + count; ++k) {
+    const int v = int(k) + 1;  // what op k makes
+    if (v == g.output) return false;
+    for (size_t r = 0; r < g.ops.size(); ++r)
+      for (int in : g.ops[r].inputs)
+        if (in == v && r != k + 1) return false;
+    int reads = 0;
+    for (int in : g.ops[k + 1].inputs) reads += in == v;
+    if (reads != 1) return false;
+  }
+  return true;
+}
+
+std::vector<int> run_inputs(const Graph& g, size_t first, size_t count) {
+  std::vector<int> in = g.ops[first].inputs;
+  for (size_t k = first + 1; k < first + count; ++k)
+    for (int v : g.ops[k].inputs)
+      if (v != int(k)) in.push_back(v);
+  return in;
+}
+
 }  // namespace ddp::nn

@@ -67,26 +67,44 @@ Model::Model(Graph graph, Device& device, StatsReducer* stats)
   const ModelState fresh = init_state(g, 0);  // buffers start as their specs say
   if (g.num_buffers) device_.from_host(buffers(), fresh.buffers.data(), g.num_buffers);
   const size_t n_ops = g.ops.size();
+  for (const Op& op : g.ops)
+    half_op_.push_back(op.kind == OpKind::Conv2d || op.kind == OpKind::ConvReluPool || op.kind == OpKind::Linear);
   kernels_.resize(n_ops);
   args_.resize(n_ops);
-  for (size_t i = 0; i < n_ops; ++i) {
+  run_.assign(n_ops, 0);
+  run_first_.assign(n_ops, 0);
+  run_in_.resize(n_ops);
+  for (size_t i = 0; i < n_ops; i += run_[i]) {
     try {
       kernels_[i] = device_.kernel(g, i, stats);
     } catch (const Error& e) {
       DDP_FAIL("model ", g.model, ": op ", g.ops[i].name, ": ", e.what());
     }
+    // Note [claimed runs]
+    const size_t n = kernels_[i]->ops();
+    DDP_CHECK(n >= 1 && claimable_run(g, i, n), "model ", g.model, ": op ", g.ops[i].name, ": device ",
+              device_.name(), " runs ", n, " ops from it as one, which the graph does not allow");
+    run_[i] = n;
+    run_in_[i] = run_inputs(g, i, n);
     OpArgs& a = args_[i];
-    for (size_t k : g.op_params[i]) {
-      a.p.push_back(params() + g.params[k].offset);
-      a.dp.push_back(grads() + g.params[k].offset);
+    int counters = 0;
+    for (size_t k = i; k < i + n; ++k) {
+      DDP_CHECK(n == 1 || !half_op_[k], "model ", g.model, ": op ", g.ops[k].name,
+                ": a convolution or linear layer runs alone (Note [mixed precision])");
+      run_first_[k] = i;
+      for (size_t q : g.op_params[k]) {
+        a.p.push_back(params() + g.params[q].offset);
+        a.dp.push_back(grads() + g.params[q].offset);
+      }
+      for (size_t q : g.op_buffers[k]) a.buf.push_back(buffers() + g.buffers[q].offset);
+      counters += g.op_counter[k] >= 0;
     }
-    for (size_t k : g.op_buffers[i]) a.buf.push_back(buffers() + g.buffers[k].offset);
-    a.x.resize(g.ops[i].inputs.size());
+    DDP_CHECK(counters <= 1, "model ", g.model, ": op ", g.ops[i].name, ": a run of ops with ", counters,
+              " batch counters");
+    a.x.resize(run_in_[i].size());
   }
   acts_.resize(g.values.size());
   dacts_.resize(g.values.size());
-  for (const Op& op : g.ops)
-    half_op_.push_back(op.kind == OpKind::Conv2d || op.kind == OpKind::ConvReluPool || op.kind == OpKind::Linear);
   half_in_.resize(n_ops);
   native_.assign(n_ops, false);
 }
@@ -138,6 +156,7 @@ bool Model::any_half_op() const {
 
 void Model::set_precision(Precision p) {
   precision_ = p;
+  // A half op runs alone: its kernel is its own (Note [claimed runs]).
   for (size_t i = 0; i < graph_.ops.size(); ++i) native_[i] = half_op_[i] && kernels_[i]->set_precision(p);
   const bool half = any_half_op();
   size_t most = 1;
@@ -147,6 +166,7 @@ void Model::set_precision(Precision p) {
   half_dp_ = half ? device_.alloc(most) : nullptr;
   // The half ops read their weights from the rounded copy.
   for (size_t i = 0; i < graph_.ops.size(); ++i) {
+    if (run_[i] != 1) continue;  // inside or the head of a run: no half op
     float* base = half_op(i) ? half_params_->data() : params();
     for (size_t j = 0; j < graph_.op_params[i].size(); ++j)
       args_[i].p[j] = base + graph_.params[graph_.op_params[i][j]].offset;
@@ -193,21 +213,24 @@ const float* Model::forward(const float* x, int batch, Mode mode) {
   for (size_t i = 0; i < graph_.ops.size(); ++i)
     if (const auto [at, n] = param_span(i); half_op(i) && n)
       device_.round(half_params_->data() + at, params() + at, n, precision_);
-  for (size_t i = 0; i < graph_.ops.size(); ++i) {
+  for (size_t i = 0; i < graph_.ops.size(); i += run_[i]) {
     OpArgs& a = args_[i];
     a.batch = batch;
     a.mode = mode;
     const Op& op = graph_.ops[i];
-    for (size_t j = 0; j < op.inputs.size(); ++j) a.x[j] = op.inputs[j] == 0 ? x : value(op.inputs[j]);
-    a.y = value(int(i) + 1);
-    a.counter = graph_.op_counter[i] >= 0 ? &counters_[size_t(graph_.op_counter[i])] : nullptr;
+    const std::vector<int>& in = run_in_[i];
+    for (size_t j = 0; j < in.size(); ++j) a.x[j] = in[j] == 0 ? x : value(in[j]);
+    a.y = value(int(i + run_[i]));
+    a.counter = nullptr;
+    for (size_t k = i; k < i + run_[i]; ++k)
+      if (graph_.op_counter[k] >= 0) a.counter = &counters_[size_t(graph_.op_counter[k])];
     if (half_op(i)) {  // one input (GraphBuilder)
       device_.round(half_in_[i]->data(), a.x[0], size_t(batch) * size_t(op.in.numel()), precision_);
       a.x[0] = half_in_[i]->data();
     }
     {
       TraceScope span(mode == Mode::Train ? trace_ : nullptr, Trace::kStep, "forward",
-                      trace_ && trace_->active() ? detail::concat(op.name, " (", to_string(op.kind), ")") : "");
+                      trace_ && trace_->active() ? run_label(i) : "");
       op_forward(i, a);
     }
     if (half_op(i)) device_.round(a.y, a.y, size_t(batch) * size_t(op.out.numel()), precision_);
@@ -217,6 +240,15 @@ const float* Model::forward(const float* x, int batch, Mode mode) {
 }
 
 void Model::op_forward(size_t i, const OpArgs& a) { kernels_[i]->forward(a); }
+
+std::string Model::run_label(size_t i) const {
+  std::string names, kinds;
+  for (size_t k = i; k < i + run_[i]; ++k) {
+    names += (k > i ? "+" : "") + graph_.ops[k].name;
+    kinds += std::string(k > i ? "+" : "") + to_string(graph_.ops[k].kind);
+  }
+  return names + " (" + kinds + ")";
+}
 
 void Model::op_backward(size_t i, const float* dy, const std::vector<float*>& dx, int) {
   if (half_op(i) && !graph_.op_params[i].empty())
@@ -246,18 +278,22 @@ void Model::backward(const float* dlogits, int batch, const std::function<void(s
   // which is then added (Note [gradient accumulation] in device.hpp).
   std::vector<bool> written(graph_.values.size(), false);
   std::vector<float*> dx;
-  for (size_t i = graph_.ops.size(); i-- > 0;) {
+  for (size_t end = graph_.ops.size(); end > 0;) {
+    // The run that ends at op end - 1 (Note [claimed runs]).
+    const size_t i = run_first_[end - 1];
+    end = i;
     const Op& op = graph_.ops[i];
-    const int out = int(i) + 1;
+    const std::vector<int>& in = run_in_[i];
+    const int out = int(i + run_[i]);
     const float* dy = out == graph_.output ? dlogits : dacts_[size_t(out)];
     if (half_op(i)) {  // Note [mixed precision]
       device_.round(half_dy_->data(), dy, size_t(batch) * size_t(op.out.numel()), precision_);
       dy = half_dy_->data();
     }
-    dx.assign(op.inputs.size(), nullptr);
+    dx.assign(in.size(), nullptr);
     std::vector<size_t> add_later;
-    for (size_t j = 0; j < op.inputs.size(); ++j) {
-      const int v = op.inputs[j];
+    for (size_t j = 0; j < in.size(); ++j) {
+      const int v = in[j];
       if (v == 0) continue;  // nothing needs the input's gradient
       if (!written[size_t(v)]) {
         dx[j] = dacts_[size_t(v)];
@@ -269,17 +305,15 @@ void Model::backward(const float* dlogits, int batch, const std::function<void(s
     }
     DDP_CHECK(add_later.size() <= 1, "model ", name(), ": op ", op.name, " reads one value more than twice");
     {
-      TraceScope span(trace_, Trace::kStep, "backward",
-                      trace_ && trace_->active() ? detail::concat(op.name, " (", to_string(op.kind), ")") : "");
+      TraceScope span(trace_, Trace::kStep, "backward", trace_ && trace_->active() ? run_label(i) : "");
       op_backward(i, dy, dx, batch);
     }
     if (half_op(i))
-      for (size_t j = 0; j < op.inputs.size(); ++j)
+      for (size_t j = 0; j < in.size(); ++j)
         if (dx[j])
-          device_.round(dx[j], dx[j], size_t(batch) * size_t(graph_.values[size_t(op.inputs[j])].numel()),
-                        precision_);
+          device_.round(dx[j], dx[j], size_t(batch) * size_t(graph_.values[size_t(in[j])].numel()), precision_);
     for (size_t j : add_later) {
-      const int v = op.inputs[j];
+      const int v = in[j];
       device_.add(dacts_[size_t(v)], scratch_->data(), size_t(batch) * size_t(graph_.values[size_t(v)].numel()));
     }
     if (on_ready) on_ready(graph_.ready_after[i]);

@@ -81,8 +81,9 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
                                   "within 5% of it"
                                 : "cuDNN's heuristics' first deterministic one")
         << (cfg.gpu_kernels == "next" ? "; --gpu-kernels next: BatchNorm's sums over many blocks a channel (its layer "
-                                        "test has passed on a GPU); convolutions through cuDNN's graph API and "
-                                        "their bias gradients summed as BatchNorm's (not yet run on a GPU)"
+                                        "test has passed on a GPU); convolutions through cuDNN's graph API, "
+                                        "their bias gradients summed as BatchNorm's, BatchNorm with the ReLU or "
+                                        "residual add after it as one kernel (not yet run on a GPU)"
                                       : "");
   if (cfg.channels_last) {
     const nn::LayoutPlan plan = nn::plan_layout(graph, true);

@@ -72,6 +72,9 @@ class Kernel {
     (void)p;
     return false;
   }
+  // Note [claimed runs] (nn/model.hpp): the ops this kernel runs as one,
+  // its own and the ones after it (1: its own only).
+  virtual size_t ops() const { return 1; }
 };
 
 // Floats on a device, zero-filled when made.
@@ -87,7 +90,8 @@ class Device {
   virtual ~Device() = default;
   virtual std::string name() const = 0;  // "cpu", "cuda:0"
   // The kernels of op `op` of g; stats (may be nullptr) is what a
-  // synchronised op reduces its statistics with.
+  // synchronised op reduces its statistics with. A kernel may claim the ops
+  // after `op` too (Kernel::ops, Note [claimed runs]); the CPU's never do.
   virtual std::unique_ptr<Kernel> kernel(const Graph& g, size_t op, StatsReducer* stats) = 0;
   virtual std::unique_ptr<Array> alloc(size_t n) = 0;
   virtual void fill(float* p, size_t n, float value) = 0;

@@ -120,6 +120,15 @@ struct Graph {
 // Whether some op of g is a BatchNorm2d.
 bool has_batch_norm(const Graph& g);
 
+// Note [claimed runs] (nn/model.hpp): whether ops first .. first + count - 1
+// may run as one kernel: each value they make but the last is read by the
+// next op of the run and by nothing else (so nobody else sees it), and none
+// is the logits.
+bool claimable_run(const Graph& g, size_t first, size_t count);
+// The values such a run reads from outside it, in order: the first op's
+// inputs, then each later op's inputs but the value the run made for it.
+std::vector<int> run_inputs(const Graph& g, size_t first, size_t count);
+
 // Builds a graph op by op; each call checks its op (errors name the model and
 // op) and returns the value it writes.
 class GraphBuilder {

@@ -3,6 +3,23 @@
 // memory (Note [flat layout], Note [buffers] in graph.hpp), one Kernel per op,
 // and the forward and backward that call them in order. The same code for
 // every device; only the kernels differ.
+//
+// Note [claimed runs]: a device may run several consecutive ops as one
+// kernel (the GPU's BatchNorm with the ReLU or residual add after it: one
+// pass over memory instead of two or three). Device::kernel(g, i) returns a
+// kernel whose ops() says how many ops from i it runs; the executor then
+// makes no kernel for the others, calls it once forward (OpArgs: the run's
+// outside inputs, run_inputs(), as x; its last value as y; the parameters,
+// buffers and counter of all its ops, in op order) and once backward (dx:
+// the outside inputs' gradients), and reports the run's gradients ready
+// after it. Only a run whose inner values nobody else reads may be claimed
+// (claimable_run), so nothing else needs them, and they are not written.
+// One thing a run's backward must allow: the output's gradient array may be
+// the one an outside input's gradient is written to (Note [gradient slots]
+// in graph.cpp shares an array between gradients whose ops do not overlap,
+// and inside a run they no longer interleave), so it reads each element of
+// dy before it writes that element of any dx. The CPU device never claims:
+// its path is op by op.
 #pragma once
 
 #include <cstdint>
@@ -102,9 +119,13 @@ class Model {
   const OpArgs& args(size_t i) const { return args_[i]; }
   // The batch of the last training forward; -1: none.
   int last_batch() const { return last_batch_; }
+  // Note [claimed runs]: the ops op i's kernel runs (0: op i is inside
+  // another op's run).
+  size_t run_length(size_t i) const { return run_[i]; }
 
  private:
   float* value(int v);  // an op's output (v >= 1)
+  std::string run_label(size_t i) const;  // "bn1+relu1 (BatchNorm2d+ReLU)", for the trace
   void reserve(int batch);
   bool any_half_op() const;
   // Op i's backward with its parameter gradients rounded (half_dp_ in
@@ -112,8 +133,12 @@ class Model {
   void rounded_backward(size_t i, const float* dy, const std::vector<float*>& dx);
   Graph graph_;
   Device& device_;
-  std::vector<std::unique_ptr<Kernel>> kernels_;
-  std::vector<OpArgs> args_;  // per op: the pointers that do not change between calls
+  std::vector<std::unique_ptr<Kernel>> kernels_;  // per run, at its first op (Note [claimed runs])
+  std::vector<OpArgs> args_;  // per run: the pointers that do not change between calls
+  // Per op: the ops of the run it heads (0: it is inside one), and the run's
+  // first op; per run: the values it reads (run_inputs).
+  std::vector<size_t> run_, run_first_;
+  std::vector<std::vector<int>> run_in_;
   std::unique_ptr<Array> params_, grads_, buffers_;
   std::vector<int64_t> counters_;
   // acts_[v]: value v (v >= 1); dacts_[v]: d(loss)/d(value v), in the

@@ -7,13 +7,17 @@
 // element-wise pass applies them. With a StatsReducer the sums go to the
 // host, are summed over ranks (SyncBatchNorm), and come back. The
 // deterministic mode takes the sums micro-shard by micro-shard
-// (CudaBatchNorm::channel_sums, deterministic/). NHWC batches (Note
+// (CudaBatchNorm::channel_sums, deterministic/). With --gpu-kernels next a
+// BatchNorm also runs the ReLU or residual add after it (CudaBatchNormAct,
+// Note [claimed runs] in nn/model.hpp): one pass forward and one backward
+// where there were two or three, the same bits. NHWC batches (Note
 // [channels last], nn/layout.hpp) are summed as Note [channels last sums]
 // says, and the element-wise passes find a value's channel as i % c.
 #include <cuda_runtime_api.h>
 
 #include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/nn/cuda/bn_plan.hpp"     // plan_bn_split: Note [batch norm sums]
+#include "ddp/nn/cuda/bn_runs.hpp"     // bn_act_run: Note [claimed runs]
 #include "ddp/core/error.hpp"          // DDP_CHECK
 #include "ddp/nn/kernel_math.hpp"      // bn_*
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK, DDP_CUDA_CHECK_LAUNCH
@@ -56,10 +60,16 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) out[ch] = sa[0];
 }
 
+// The gradient that reaches the BatchNorm: dy, or where a ReLU follows it in
+// a claimed run (Note [claimed runs]) dy where the run's output y > 0.
+__device__ __forceinline__ float bn_dy(const float* dy, const float* relu_y, int64_t k) {
+  return relu_y ? kernel::relu_grad_at(relu_y[k], dy[k]) : dy[k];
+}
+
 // Block ch: out[ch] = sum(dy), out[c + ch] = sum(dy * (x - mean)).
 __global__ void __launch_bounds__(kThreads)
     bn_grad_sums_kernel(int batch, int c, int hw, const float* __restrict__ x, const float* __restrict__ mean,
-                        const float* __restrict__ dy, double* __restrict__ out) {
+                        const float* __restrict__ dy, const float* __restrict__ relu_y, double* __restrict__ out) {
   __shared__ double sa[kThreads], sb[kThreads];
   const int ch = blockIdx.x;
   const double m = double(mean[ch]);
@@ -67,7 +77,7 @@ __global__ void __launch_bounds__(kThreads)
   double s = 0.0, sx = 0.0;
   for (int64_t j = threadIdx.x; j < n; j += kThreads) {
     const int64_t k = (j / hw * c + ch) * hw + j % hw;
-    const double g = double(dy[k]);
+    const double g = double(bn_dy(dy, relu_y, k));
     s += g;
     sx += g * (double(x[k]) - m);
   }
@@ -103,7 +113,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     bn_run_grad_sums_kernel(int64_t values, int64_t per_split, int c, int hw, const float* __restrict__ x,
                         const float* __restrict__ mean, const float* __restrict__ dy,
-                        double* __restrict__ part) {
+                        const float* __restrict__ relu_y, double* __restrict__ part) {
   __shared__ double sa[kThreads], sb[kThreads];
   const int run = blockIdx.x, runs = gridDim.x, ch = blockIdx.y;
   const double m = double(mean[ch]);
@@ -112,7 +122,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t j = run * per_split + threadIdx.x; j < end; j += kThreads) {
     const unsigned image = unsigned(j) / unsigned(hw);
     const int64_t k = (int64_t(image) * c + ch) * hw + (j - int64_t(image) * hw);
-    const double g = double(dy[k]);
+    const double g = double(bn_dy(dy, relu_y, k));
     s += g;
     sx += g * (double(x[k]) - m);
   }
@@ -169,7 +179,8 @@ __global__ void __launch_bounds__(kThreads)
 // ch) * runs + run] = its sum(dy * (x - mean)).
 __global__ void __launch_bounds__(kThreads)
     nhwc_run_grad_sums_kernel(int64_t rows, int64_t per_split, int c, const float* __restrict__ x,
-                              const float* __restrict__ mean, const float* __restrict__ dy, double* __restrict__ part) {
+                              const float* __restrict__ mean, const float* __restrict__ dy,
+                              const float* __restrict__ relu_y, double* __restrict__ part) {
   __shared__ double sa[kThreads], sb[kThreads];
   const int run = blockIdx.x, runs = gridDim.x, lane = threadIdx.x % kNhwcGroup, warp = threadIdx.x / kNhwcGroup;
   const int ch = blockIdx.y * kNhwcGroup + lane;
@@ -179,7 +190,7 @@ __global__ void __launch_bounds__(kThreads)
     const double m = double(mean[ch]);
     for (int64_t r = run * per_split + warp; r < end; r += kNhwcWarps) {
       const int64_t k = r * c + ch;
-      const double g = double(dy[k]);
+      const double g = double(bn_dy(dy, relu_y, k));
       s += g;
       sx += g * (double(x[k]) - m);
     }
@@ -254,12 +265,30 @@ __global__ void bn_apply_kernel(int64_t n, int c, int hw, const float* __restric
   }
 }
 
-__global__ void bn_backward_kernel(int64_t n, int c, int hw, const float* __restrict__ x,
-                                   const float* __restrict__ dy, const float* __restrict__ chan,
-                                   float* __restrict__ dx) {
+// Note [claimed runs]: the normalised value, then the residual add (z, when
+// not nullptr) and the ReLU, as the Add and ReLU kernels compute them.
+__global__ void bn_act_apply_kernel(int64_t n, int c, int hw, const float* __restrict__ x,
+                                    const float* __restrict__ z, bool relu, const float* __restrict__ chan,
+                                    float* __restrict__ y) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int ch = int(i / hw % c);
-    dx[i] = kernel::bn_backward_at(x[i], dy[i], chan[ch], chan[4 * c + ch], chan[5 * c + ch], chan[6 * c + ch]);
+    const float v = kernel::bn_apply_at(x[i], chan[2 * c + ch], chan[3 * c + ch]);
+    y[i] = z ? kernel::add_at(v, z[i], relu) : relu ? kernel::relu_at(v) : v;
+  }
+}
+
+// dx (may be nullptr) from the gradient reaching the BatchNorm (bn_dy),
+// which a claimed run's add also passes to its shortcut (dz, may be
+// nullptr). dy may be dx's or dz's array (Note [claimed runs]): each element
+// is read before it is written, so no __restrict__ on them.
+__global__ void bn_backward_kernel(int64_t n, int c, int hw, const float* __restrict__ x, const float* dy,
+                                   const float* __restrict__ relu_y, const float* __restrict__ chan, float* dx,
+                                   float* dz) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int ch = int(i / hw % c);
+    const float g = bn_dy(dy, relu_y, i);
+    if (dz) dz[i] = g;
+    if (dx) dx[i] = kernel::bn_backward_at(x[i], g, chan[ch], chan[4 * c + ch], chan[5 * c + ch], chan[6 * c + ch]);
   }
 }
 
@@ -287,14 +316,15 @@ CudaBatchNorm::~CudaBatchNorm() {
   if (parts_) cudaFreeAsync(parts_, ctx_.compute());
 }
 
-void CudaBatchNorm::launch_sums(int images, const float* x, const float* mean, const float* dy, double* out) {
+void CudaBatchNorm::launch_sums(int images, const float* x, const float* mean, const float* dy, double* out,
+                                const float* relu_y) {
   const cudaStream_t s = ctx_.compute();
   if (!split_) {
     if (!dy) {
       bn_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, x, mean, out);
       DDP_CUDA_CHECK_LAUNCH(bn_sums_kernel);
     } else {
-      bn_grad_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, x, mean, dy, out);
+      bn_grad_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, x, mean, dy, relu_y, out);
       DDP_CUDA_CHECK_LAUNCH(bn_grad_sums_kernel);
     }
     return;
@@ -306,7 +336,7 @@ void CudaBatchNorm::launch_sums(int images, const float* x, const float* mean, c
     if (!dy) return channel_sums_nhwc_cuda(ctx_, x, mean, values, c_, parts_, out);
     const BnSplit plan = plan_nhwc_split(values, c_, ctx_.sms());
     nhwc_run_grad_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(nhwc_channel_groups(c_))), kThreads, 0, s>>>(
-        values, plan.per_split, c_, x, mean, dy, parts_);
+        values, plan.per_split, c_, x, mean, dy, relu_y, parts_);
     DDP_CUDA_CHECK_LAUNCH(nhwc_run_grad_sums_kernel);
     bn_runs_kernel<<<cuda_grid(2 * c_), kCudaThreads, 0, s>>>(2 * c_, plan.splits, parts_, out);
     DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
@@ -315,7 +345,7 @@ void CudaBatchNorm::launch_sums(int images, const float* x, const float* mean, c
   if (!dy) return channel_sums_cuda(ctx_, x, mean, images, c_, hw_, parts_, out);
   const BnSplit plan = plan_bn_split(values, c_, ctx_.sms());
   bn_run_grad_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c_)), kThreads, 0, s>>>(
-      values, plan.per_split, c_, hw_, x, mean, dy, parts_);
+      values, plan.per_split, c_, hw_, x, mean, dy, relu_y, parts_);
   DDP_CUDA_CHECK_LAUNCH(bn_run_grad_sums_kernel);
   bn_runs_kernel<<<cuda_grid(2 * c_), kCudaThreads, 0, s>>>(2 * c_, plan.splits, parts_, out);
   DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
@@ -375,8 +405,15 @@ void CudaBatchNorm::channel_sums(const OpArgs& a, size_t width, const RunSum& su
 }
 
 void CudaBatchNorm::forward(const OpArgs& a) {
-  const cudaStream_t s = ctx_.compute();
+  forward_stats(a);
   const int64_t n = int64_t(a.batch) * c_ * hw_;
+  if (n <= 0) return;
+  bn_apply_kernel<<<cuda_grid(n), kCudaThreads, 0, ctx_.compute()>>>(n, c_, pixel_stride(), a.x[0], chan_, a.y);
+  DDP_CUDA_CHECK_LAUNCH(bn_apply_kernel);
+}
+
+void CudaBatchNorm::forward_stats(const OpArgs& a) {
+  const cudaStream_t s = ctx_.compute();
   const unsigned cgrid = cuda_grid(c_);
   if (a.mode == Mode::Eval) {
     bn_eval_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, op_.eps, a.p[0], a.p[1], a.buf[0], a.buf[1], chan_);
@@ -404,12 +441,13 @@ void CudaBatchNorm::forward(const OpArgs& a) {
     DDP_CUDA_CHECK_LAUNCH(bn_train_kernel);
     if (a.counter) ++*a.counter;
   }
-  if (n <= 0) return;
-  bn_apply_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, pixel_stride(), a.x[0], chan_, a.y);
-  DDP_CUDA_CHECK_LAUNCH(bn_apply_kernel);
 }
 
 void CudaBatchNorm::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
+  backward_from(a, dy, nullptr, dx[0], nullptr);
+}
+
+void CudaBatchNorm::backward_from(const OpArgs& a, const float* dy, const float* relu_y, float* dx, float* dz) {
   const cudaStream_t s = ctx_.compute();
   const unsigned cgrid = cuda_grid(c_);
   const int64_t image = int64_t(c_) * hw_;
@@ -419,19 +457,43 @@ void CudaBatchNorm::backward(const OpArgs& a, const float* dy, const std::vector
   channel_sums(
       a, 2 * size_t(c_),
       [&](int64_t first, int images, double* out) {
-        launch_sums(images, a.x[0] + first * image, chan_, dy + first * image, out);
+        launch_sums(images, a.x[0] + first * image, chan_, dy + first * image, out,
+                    relu_y ? relu_y + first * image : nullptr);
         bn_param_grads_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, out, chan_, a.dp[0], a.dp[1]);
         DDP_CUDA_CHECK_LAUNCH(bn_param_grads_kernel);
       },
       "gradient sums", /*backward=*/true);
-  if (!dx[0]) return;
+  if (!dx && !dz) return;
   const double count = double(a.batch) * hw_ * (stats_ ? stats_->ranks() : 1);
   bn_backward_channel_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, a.p[0], chan_);
   DDP_CUDA_CHECK_LAUNCH(bn_backward_channel_kernel);
   const int64_t n = int64_t(a.batch) * c_ * hw_;
   if (n <= 0) return;
-  bn_backward_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, pixel_stride(), a.x[0], dy, chan_, dx[0]);
+  bn_backward_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, pixel_stride(), a.x[0], dy, relu_y, chan_, dx,
+                                                           dz);
   DDP_CUDA_CHECK_LAUNCH(bn_backward_kernel);
+}
+
+CudaBatchNormAct::CudaBatchNormAct(const Graph& g, size_t i, cuda::Context& ctx, StatsReducer* stats, Layout layout)
+    : CudaBatchNorm(g.ops[i], ctx, stats, layout),
+      add_(g.ops[i + 1].kind == OpKind::Add),
+      relu_(g.ops[i + 1].kind == OpKind::ReLU || g.ops[i + 1].relu) {
+  DDP_CHECK(bn_act_run(g, i), "op ", g.ops[i].name, ": no BatchNorm run to claim");
+}
+
+// a.x: the BatchNorm's input, then the add's other one (run_inputs); a.y:
+// the run's output, the ReLU's or the add's.
+void CudaBatchNormAct::forward(const OpArgs& a) {
+  forward_stats(a);
+  const int64_t n = int64_t(a.batch) * c_ * hw_;
+  if (n <= 0) return;
+  bn_act_apply_kernel<<<cuda_grid(n), kCudaThreads, 0, ctx_.compute()>>>(
+      n, c_, pixel_stride(), a.x[0], add_ ? a.x[1] : nullptr, relu_, chan(), a.y);
+  DDP_CUDA_CHECK_LAUNCH(bn_act_apply_kernel);
+}
+
+void CudaBatchNormAct::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
+  backward_from(a, dy, relu_ ? a.y : nullptr, dx[0], add_ ? dx[1] : nullptr);
 }
 
 }  // namespace ddp::nn

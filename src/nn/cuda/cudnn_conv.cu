@@ -108,6 +108,9 @@ struct CudnnConv::Plan {
   // when it runs (cuDNN tells a tensor-core algorithm by both; run_math).
   cudnnMathType_t fwd_math{}, bwd_data_math{}, bwd_filter_math{};
   size_t fwd_bytes = 0, bwd_data_bytes = 0, bwd_filter_bytes = 0;
+  // Whether the legacy API has algorithms for it: with --gpu-kernels next
+  // it may have none where the graph API runs every direction.
+  bool legacy = true;
   // --gpu-kernels next: each direction through cuDNN's graph API where an
   // engine may run it (Note [graph engines]); nullptr: the legacy call.
   std::unique_ptr<GraphConv> graph_fwd, graph_data, graph_filter;
@@ -187,22 +190,17 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   DDP_CHECK(n == batch && c == out_.c && h == out_.h && w == out_.w, "cuDNN's conv output ", c, "x", h, "x", w,
             " is not the layer's ", to_string(out_));
 
-  if (ctx.benchmark())
-    time_algorithms(ctx, *p, batch);
-  else
-    rank_algorithms(ctx, *p);
-  cudnnHandle_t dnn = ctx.dnn();
-  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p->fwd_math));
-  DDP_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(dnn, p->x, w_desc_, conv_desc_, p->y, p->fwd,
-                                                          &p->fwd_bytes));
-  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p->bwd_data_math));
-  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn, w_desc_, p->y, conv_desc_, p->x, p->bwd_data,
-                                                               &p->bwd_data_bytes));
-  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p->bwd_filter_math));
-  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn, p->x, p->y, conv_desc_, w_desc_,
-                                                                 p->bwd_filter, &p->bwd_filter_bytes));
-
   if (ctx.next_kernels()) graph_plans(ctx, *p, batch);
+  try {
+    legacy_plan(ctx, *p, batch);
+  } catch (const Error& e) {
+    // Where the graph API runs every direction, the legacy API is only the
+    // fallback for operands off its alignment (graph_fits).
+    if (!p->graph_fwd || !p->graph_data || !p->graph_filter) throw;
+    p->legacy = false;
+    ctx.warn_once("legacy-none " + conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_, layout_),
+                  detail::concat("op ", layer_, ": ", e.what(), "; cuDNN's graph API runs it"));
+  }
   // Grow the shared workspace now, the one step that may wait for the device,
   // rather than inside a later forward or backward.
   size_t bytes = std::max({p->fwd_bytes, p->bwd_data_bytes, p->bwd_filter_bytes});
@@ -212,6 +210,24 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   Plan& ref = *p;
   plans_[batch] = std::move(p);
   return ref;
+}
+
+// The legacy API's algorithms (Note [conv algorithms], or timed: Note
+// [measured algorithms]) and their workspaces.
+void CudnnConv::legacy_plan(cuda::Context& ctx, Plan& p, int batch) {
+  if (ctx.benchmark())
+    time_algorithms(ctx, p, batch);
+  else
+    rank_algorithms(ctx, p);
+  cudnnHandle_t dnn = ctx.dnn();
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p.fwd_math));
+  DDP_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(dnn, p.x, w_desc_, conv_desc_, p.y, p.fwd, &p.fwd_bytes));
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p.bwd_data_math));
+  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(dnn, w_desc_, p.y, conv_desc_, p.x, p.bwd_data,
+                                                               &p.bwd_data_bytes));
+  DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p.bwd_filter_math));
+  DDP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(dnn, p.x, p.y, conv_desc_, w_desc_, p.bwd_filter,
+                                                                 &p.bwd_filter_bytes));
 }
 
 void CudnnConv::rank_algorithms(cuda::Context& ctx, Plan& p) {
@@ -356,6 +372,7 @@ bool CudnnConv::graph_fits(cuda::Context& ctx, const GraphConv* g, std::initiali
 
 void CudnnConv::run_forward(cuda::Context& ctx, const Plan& p, const void* x, const void* w, void* y) {
   if (graph_fits(ctx, p.graph_fwd.get(), {x, w, y})) return p.graph_fwd->run(ctx, x, w, y);
+  DDP_CHECK(p.legacy, "cuDNN's legacy API has no forward algorithm for this geometry");
   const float one = 1.0f, zero = 0.0f;  // float in every precision (fp32 accumulation)
   void* ws = ctx.workspace(p.fwd_bytes);
   DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p.fwd_math));
@@ -367,6 +384,7 @@ void CudnnConv::run_backward_filter(cuda::Context& ctx, const Plan& p, const voi
                                     void* dw) {
   if (graph_fits(ctx, p.graph_filter.get(), {x, dy, dw}) && p.graph_filter->beta() == beta)
     return p.graph_filter->run(ctx, x, dw, dy);
+  DDP_CHECK(p.legacy, "cuDNN's legacy API has no backward-filter algorithm for this geometry");
   const float one = 1.0f;
   void* ws = ctx.workspace(p.bwd_filter_bytes);
   DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, p.bwd_filter_math));
@@ -376,6 +394,7 @@ void CudnnConv::run_backward_filter(cuda::Context& ctx, const Plan& p, const voi
 
 void CudnnConv::run_backward_data(cuda::Context& ctx, const Plan& p, const void* w, const void* dy, void* dx) {
   if (graph_fits(ctx, p.graph_data.get(), {w, dy, dx})) return p.graph_data->run(ctx, dx, w, dy);
+  DDP_CHECK(p.legacy, "cuDNN's legacy API has no backward-data algorithm for this geometry");
   // beta = 0 overwrites dx without reading it.
   const float one = 1.0f, zero = 0.0f;
   void* ws = ctx.workspace(p.bwd_data_bytes);

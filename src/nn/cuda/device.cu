@@ -5,6 +5,7 @@
 #include <string>
 
 #include "ddp/nn/cuda/kernels.hpp"
+#include "ddp/nn/cuda/bn_runs.hpp"     // bn_act_run: Note [claimed runs]
 #include "ddp/core/error.hpp"          // DDP_FAIL
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK, DDP_CUDA_CHECK_LAUNCH
 
@@ -44,7 +45,7 @@ class CudaArray final : public Array {
 std::string CudaDevice::name() const { return "cuda:" + std::to_string(ctx_.device()); }
 
 Layout CudaDevice::layout(const Graph& g) {
-  return forced_ ? *forced_ : plan_layout(g, ctx_.channels_last()).layout;
+  return options_.layout ? *options_.layout : plan_layout(g, ctx_.channels_last()).layout;
 }
 
 std::unique_ptr<Kernel> CudaDevice::kernel(const Graph& g, size_t i, StatsReducer* stats) {
@@ -54,7 +55,10 @@ std::unique_ptr<Kernel> CudaDevice::kernel(const Graph& g, size_t i, StatsReduce
   switch (op.kind) {
     case OpKind::Conv2d: return std::make_unique<CudaConv>(op, ctx_, l);
     case OpKind::ConvReluPool: return std::make_unique<CudaConvReluPool>(op, ctx_);
-    case OpKind::BatchNorm2d: return std::make_unique<CudaBatchNorm>(op, ctx_, stats, l);
+    case OpKind::BatchNorm2d:
+      if (options_.claim_runs && ctx_.next_kernels() && bn_act_run(g, i))
+        return std::make_unique<CudaBatchNormAct>(g, i, ctx_, stats, l);
+      return std::make_unique<CudaBatchNorm>(op, ctx_, stats, l);
     case OpKind::ReLU: return std::make_unique<CudaRelu>(op, ctx_);
     case OpKind::Add: return std::make_unique<CudaAdd>(op, ctx_);
     case OpKind::AvgPool2d: return std::make_unique<CudaAvgPool>(op, ctx_);
@@ -107,10 +111,8 @@ void CudaDevice::from_host(float* dev, const float* host, size_t n) {
 
 void CudaDevice::sync() { ctx_.sync(); }
 
-std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx) { return std::make_unique<CudaDevice>(ctx); }
-
-std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx, Layout layout) {
-  return std::make_unique<CudaDevice>(ctx, layout);
+std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx, CudaDeviceOptions options) {
+  return std::make_unique<CudaDevice>(ctx, std::move(options));
 }
 
 }  // namespace ddp::nn

@@ -60,7 +60,7 @@ void CudaLayers::check(const Graph& g, size_t op_index, int batch, Layout layout
   SCOPED_TRACE(op.name + " batch " + std::to_string(batch) + ", " + to_string(layout));
   const bool conv = op.kind == OpKind::Conv2d || op.kind == OpKind::ConvReluPool;
   auto cpu_dev = make_cpu_device(2);
-  auto gpu_dev = make_cuda_device(ctx(), layout);
+  auto gpu_dev = make_cuda_device(ctx(), CudaDeviceOptions{layout});
   // A value's batch between the CPU's layout and the GPU's.
   auto to_gpu = [&](const std::vector<float>& v, Shape s) { return nn_cuda_test::to_layout(v, batch, s, layout); };
   auto from_gpu = [&](const std::vector<float>& v, Shape s) { return nn_cuda_test::from_layout(v, batch, s, layout); };
@@ -277,7 +277,7 @@ TEST_F(CudaLayers, ChannelsLastAgainstTheCpu) {
 
 TEST_F(CudaLayers, AnOpWithoutAnNhwcKernelIsRefusedInNhwc) {
   const Graph g = one_op({20, 12, 12}, [](GraphBuilder& b, int x) { return b.avg_pool2("pool", x); });
-  EXPECT_THROW(make_cuda_device(ctx(), Layout::NHWC)->kernel(g, 0, nullptr), Error);
+  EXPECT_THROW(make_cuda_device(ctx(), CudaDeviceOptions{Layout::NHWC})->kernel(g, 0, nullptr), Error);
 }
 
 TEST_F(CudaLayers, BackwardBeforeForwardAtThatBatchIsAnError) {

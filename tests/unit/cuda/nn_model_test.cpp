@@ -223,6 +223,61 @@ TEST_F(CudaModels, Resnet18ChannelsLastTwoSgdStepsMatchCpu) {
   two_steps("resnet18", 16, resnet_bounds());
 }
 
+// Note [claimed runs]: with --gpu-kernels next the BatchNorms run the ReLU
+// or residual add after them; two steps of ResNet-18 give the op-by-op
+// run's logits, gradients, running statistics and parameters bit for bit,
+// in both layouts (deterministic cuDNN algorithms on both sides).
+TEST_F(CudaModels, ClaimedRunsAreBitwiseTheOpByOpRun) {
+  ctx().set_next_kernels(true);
+  ctx().set_deterministic(true);
+  const int batch = 16, classes = 10;
+  const Shape input{1, 28, 28};
+  for (const bool channels_last : {false, true}) {
+    SCOPED_TRACE(channels_last ? "NHWC" : "NCHW");
+    ctx().set_channels_last(channels_last);
+    auto op_by_op = make_cuda_device(ctx(), CudaDeviceOptions{std::nullopt, /*claim_runs=*/false});
+    auto claiming = make_cuda_device(ctx());
+    Model a(model_graph("resnet18", input, classes), *op_by_op), b(model_graph("resnet18", input, classes), *claiming);
+    const ModelState start = init_state(a.graph(), 42);
+    a.set_state(start);
+    b.set_state(start);
+    const size_t n = a.num_params(), nl = size_t(batch) * classes;
+    for (int step = 0; step < 2; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      const auto [x, labels] = nn_cuda_test::step_inputs(step, batch, size_t(input.numel()), classes);
+      DeviceArray<float> gx(ctx(), x);
+      DeviceArray<int32_t> glabels(ctx(), labels);
+      std::vector<std::vector<float>> logits, grads;
+      std::vector<size_t> reports;
+      for (Model* m : {&a, &b}) {
+        DeviceArray<float> dlogits(ctx(), nl);
+        DeviceArray<double> sums(ctx(), std::vector<double>{0.0, 0.0});
+        m->zero_grads();
+        const float* out = m->forward(gx.get(), batch);
+        logits.push_back(to_host(ctx(), out, nl));
+        softmax_cross_entropy_cuda(out, glabels.get(), batch, classes, dlogits.get(), sums.get(), ctx().compute());
+        size_t calls = 0;
+        m->backward(dlogits.get(), batch, [&](size_t) { ++calls; });
+        reports.push_back(calls);
+        grads.push_back(to_host(ctx(), m->grads(), n));
+        m->device().scale(m->grads(), n, -0.1f);  // an SGD step of lr 0.1: the next step starts elsewhere
+        m->device().add(m->params(), m->grads(), n);
+      }
+      EXPECT_LT(reports[1], reports[0]) << "no run was claimed";
+      EXPECT_EQ(nn_cuda_test::bits(logits[1]), nn_cuda_test::bits(logits[0])) << "logits";
+      EXPECT_EQ(nn_cuda_test::bits(grads[1]), nn_cuda_test::bits(grads[0])) << "grads";
+      ModelState sa, sb;
+      a.get_state(sa);
+      b.get_state(sb);
+      EXPECT_EQ(nn_cuda_test::bits(sb.buffers), nn_cuda_test::bits(sa.buffers)) << "running statistics";
+      EXPECT_EQ(sb.counters, sa.counters);
+      EXPECT_EQ(nn_cuda_test::bits(to_host(ctx(), b.forward(gx.get(), batch, Mode::Eval), nl)),
+                nn_cuda_test::bits(to_host(ctx(), a.forward(gx.get(), batch, Mode::Eval), nl)))
+          << "eval logits";
+    }
+  }
+}
+
 TEST_F(CudaModels, BackwardAtAnotherBatchIsAnError) {
   auto dev = make_cuda_device(ctx());
   Model gpu(model_graph("mlp", {1, 28, 28}, 10), *dev);

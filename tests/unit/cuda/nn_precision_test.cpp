@@ -50,7 +50,7 @@ class CudaHalf : public nn_cuda_test::GpuTest {};
 struct Twins {
   Twins(cuda::Context& ctx, const Graph& g, const ModelState& s, Precision p, Layout layout = Layout::NCHW)
       : cpu_dev(make_cpu_device(2)),
-        gpu_dev(make_cuda_device(ctx, layout)),
+        gpu_dev(make_cuda_device(ctx, CudaDeviceOptions{layout})),
         cpu(g, *cpu_dev),
         gpu(g, *gpu_dev) {
     for (Model* m : {&cpu, &gpu}) {

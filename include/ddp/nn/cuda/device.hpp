@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "ddp/nn/device.hpp"
 #include "ddp/nn/layout.hpp"             // Layout: Note [channels last]
@@ -17,10 +18,20 @@
 
 namespace ddp::nn {
 
+// What a CudaDevice may choose for itself, and what tests pin.
+struct CudaDeviceOptions {
+  // Every kernel in this layout, whatever the graph (the layer tests
+  // compare the layouts op by op); unset: the context's --channels-last
+  // where the graph allows it.
+  std::optional<Layout> layout;
+  // Note [claimed runs] (nn/model.hpp) with --gpu-kernels next; false: op by
+  // op (the tests' reference).
+  bool claim_runs = true;
+};
+
 class CudaDevice : public Device {
  public:
-  explicit CudaDevice(cuda::Context& ctx, std::optional<Layout> layout = std::nullopt)
-      : ctx_(ctx), forced_(layout) {}
+  explicit CudaDevice(cuda::Context& ctx, CudaDeviceOptions options = {}) : ctx_(ctx), options_(std::move(options)) {}
   std::string name() const override;
   std::unique_ptr<Kernel> kernel(const Graph& g, size_t i, StatsReducer* stats) override;
   std::unique_ptr<Array> alloc(size_t n) override;
@@ -40,13 +51,10 @@ class CudaDevice : public Device {
   cuda::Context& ctx_;
 
  private:
-  std::optional<Layout> forced_;
+  CudaDeviceOptions options_;
 };
 
-std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx);
-// Every kernel in `layout`, whatever the graph (the layer tests compare the
-// layouts op by op).
-std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx, Layout layout);
+std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx, CudaDeviceOptions options = {});
 
 // Softmax cross-entropy on the device, one launch: writes d(mean loss)/d(logits)
 // into dlogits (the mean over grad_batch samples where it is > 0, as on the

@@ -126,6 +126,7 @@ class CudnnConv {
   Plan& plan(cuda::Context& ctx, int batch);
   // The plan's algorithms from cuDNN's heuristics (Note [conv algorithms]),
   // or timed (Note [measured algorithms]) where the context asks for it.
+  void legacy_plan(cuda::Context& ctx, Plan& p, int batch);
   void rank_algorithms(cuda::Context& ctx, Plan& p);
   void time_algorithms(cuda::Context& ctx, Plan& p, int batch);
   // --gpu-kernels next: the plan's graphs (Note [graph engines]), and
@@ -223,6 +224,18 @@ class CudaBatchNorm : public Kernel {
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
 
  protected:
+  // forward's statistics, constants, running statistics and counter (train)
+  // or constants (eval): everything but writing y.
+  void forward_stats(const OpArgs& a);
+  // backward with the gradient that reaches the BatchNorm: dy, or where
+  // relu_y is not nullptr dy where relu_y > 0 (a ReLU after it); dx and dz
+  // (each may be nullptr): the input's gradient, and that gradient itself
+  // (a residual add's other input).
+  void backward_from(const OpArgs& a, const float* dy, const float* relu_y, float* dx, float* dz);
+  // What the element-wise passes divide a flat index by before taking it
+  // modulo c: NCHW's pixels a plane, 1 in NHWC.
+  int pixel_stride() const { return layout_ == Layout::NHWC ? 1 : hw_; }
+  const float* chan() const { return chan_; }
   // sum(first, images, out): launches the `width` per-channel sums of images
   // first .. first + images of the call's batch into out (device memory;
   // backward's also add their part of the weight and bias gradients).
@@ -238,8 +251,10 @@ class CudaBatchNorm : public Kernel {
   // Launches the per-channel sums of `images` images from x into out
   // (device; Note [batch norm sums]): without dy, of x, or with mean of
   // (x - mean)^2 (c values); with dy and mean, sum(dy) then
-  // sum(dy (x - mean)) (2c values).
-  void launch_sums(int images, const float* x, const float* mean, const float* dy, double* out);
+  // sum(dy (x - mean)) (2c values), dy passed only where relu_y > 0 when
+  // relu_y is given.
+  void launch_sums(int images, const float* x, const float* mean, const float* dy, double* out,
+                   const float* relu_y = nullptr);
   const Op& op_;
   cuda::Context& ctx_;
   StatsReducer* stats_;
@@ -247,14 +262,27 @@ class CudaBatchNorm : public Kernel {
   double* sums_ = nullptr;  // device: the sums (two doubles per channel)
 
  private:
-  // What the element-wise passes divide a flat index by before taking it
-  // modulo c: NCHW's pixels a plane, 1 in NHWC.
-  int pixel_stride() const { return layout_ == Layout::NHWC ? 1 : hw_; }
   float* chan_ = nullptr;   // device, per channel: mean, invstd, scale, shift, ...
   Layout layout_;
   bool split_;                // --gpu-kernels next or NHWC: the sums in runs
   double* parts_ = nullptr;  // device: each channel's run sums (Note [batch norm sums])
   std::vector<double> host_;  // the sums on their way through the host
+};
+
+// --gpu-kernels next, Note [claimed runs] (nn/model.hpp): a BatchNorm2d and
+// the ReLU or residual add (with its ReLU) after it, as one kernel: the
+// normalised value is added and rectified as it is written, and backward
+// masks the gradient as it reads it; the same bits as the three ops.
+class CudaBatchNormAct final : public CudaBatchNorm {
+ public:
+  // Op i of g, where bn_act_run (nn/cuda/bn_runs.hpp) says so.
+  CudaBatchNormAct(const Graph& g, size_t i, cuda::Context& ctx, StatsReducer* stats, Layout layout);
+  size_t ops() const override { return 2; }
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+
+ private:
+  bool add_, relu_;
 };
 
 class CudaRelu final : public Kernel {
