@@ -21,6 +21,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/core/rng.hpp"         // inputs and labels
@@ -120,9 +121,12 @@ TEST_F(CudaHalf, EachLayerIsTheCpusRoundings) {
     const std::vector<float> x = on_grid(nx, 1, 0.5f, 1), dy = on_grid(ny, 2, 0.125f, 1);
     // TF32 too (Note [tf32]): these values keep every bit in its 10-bit
     // mantissas, so its tensor cores must give fp32's results exactly.
+    // Both layouts (Note [channels last]) but for LeNet's fused layer: NCHW only.
+    std::vector<std::pair<Precision, Layout>> runs;
     for (Precision p : {Precision::BF16, Precision::F16, Precision::TF32})
-    for (Layout layout : {Layout::NCHW, Layout::NHWC}) {
-      if (layout == Layout::NHWC && g.ops[0].kind == OpKind::ConvReluPool) continue;  // LeNet's: NCHW only
+      for (Layout layout : {Layout::NCHW, Layout::NHWC})
+        if (layout == Layout::NCHW || g.ops[0].kind != OpKind::ConvReluPool) runs.emplace_back(p, layout);
+    for (const auto& [p, layout] : runs) {
       SCOPED_TRACE(std::string(c.name) + ", " + to_string(p) + ", " + to_string(layout));
       Twins t(ctx(), g, s, p, layout);
       Model &cpu = t.cpu, &gpu = t.gpu;
