@@ -146,7 +146,9 @@ class CudnnConv {
   // gradient; none in fp32 NCHW.
   std::vector<size_t> forward_pieces(int batch) const;
   std::vector<size_t> backward_pieces(int batch) const;
+  // The 16-bit weights cuDNN takes (a KRSC copy with NHWC data).
   void weights_to_half(cuda::Context& ctx, const float* w, uint16_t* wh) const;
+  // Note [channels last] in fp32 and TF32: cuDNN on KRSC weight copies.
   void forward_nhwc(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, float* y);
   void backward_nhwc(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy, float* dw,
                      float* db, float* dx);
