@@ -440,36 +440,25 @@ void CudnnConv::backward(cuda::Context& ctx, int batch, const float* x, const fl
 // (Note [batch norm sums]: many blocks a channel, in double, the same bits
 // every call), where cuDNN's bias pass took 6% of ResNet-18's fp32 step on
 // an H100 (2026-11-26).
-// NHWC: Note [channels last sums].
-void CudnnConv::bias_grad(cuda::Context& ctx, int batch, const float* dy, float* db) {
+// NHWC: Note [channels last sums]. In 16 bits (NHWC only: NCHW's is
+// channel_grad_from_half_cuda) dy is the rounded 16-bit gradient, and its
+// sum is rounded once to the precision, as channel_grad_from_half_cuda's.
+void CudnnConv::bias_grad(cuda::Context& ctx, int batch, const void* dy, float* db) {
   const int c = out_.c, hw = out_.h * out_.w;
-  double* parts = bias_sums(ctx);
-  double* sums = parts + size_t(c) * size_t(max_sum_runs(c, ctx.sms()));
-  if (layout_ == Layout::NHWC)
-    channel_sums_nhwc_cuda(ctx, dy, /*mean=*/nullptr, int64_t(batch) * hw, c, parts, sums);
+  const size_t runs = size_t(max_sum_runs(c, ctx.sms()));
+  // Each channel's runs and the c sums, in doubles: two floats each.
+  bias_sums_.reserve(ctx, 2 * size_t(c) * (runs + 1));
+  auto* parts = reinterpret_cast<double*>(bias_sums_.data());
+  double* sums = parts + size_t(c) * runs;
+  const int64_t rows = int64_t(batch) * hw;
+  if (is_half(precision_))
+    channel_sums_nhwc_half_cuda(ctx, static_cast<const uint16_t*>(dy), precision_, rows, c, parts, sums);
+  else if (layout_ == Layout::NHWC)
+    channel_sums_nhwc_cuda(ctx, static_cast<const float*>(dy), /*mean=*/nullptr, rows, c, parts, sums);
   else
-    channel_sums_cuda(ctx, dy, /*mean=*/nullptr, batch, c, hw, parts, sums);
-  add_sums_kernel<<<cuda_grid(c), kCudaThreads, 0, ctx.compute()>>>(c, sums, Precision::F32, db);
-  DDP_CUDA_CHECK_LAUNCH(add_sums_kernel);
-}
-
-// In 16 bits over NHWC: the sum of the rounded gradients, rounded once to
-// the precision, as channel_grad_from_half_cuda takes it over NCHW.
-void CudnnConv::bias_grad_half(cuda::Context& ctx, int batch, const uint16_t* dyh, float* db) {
-  const int c = out_.c;
-  double* parts = bias_sums(ctx);
-  double* sums = parts + size_t(c) * size_t(max_sum_runs(c, ctx.sms()));
-  channel_sums_nhwc_half_cuda(ctx, dyh, precision_, int64_t(batch) * out_.h * out_.w, c, parts, sums);
+    channel_sums_cuda(ctx, static_cast<const float*>(dy), /*mean=*/nullptr, batch, c, hw, parts, sums);
   add_sums_kernel<<<cuda_grid(c), kCudaThreads, 0, ctx.compute()>>>(c, sums, precision_, db);
   DDP_CUDA_CHECK_LAUNCH(add_sums_kernel);
-}
-
-// Each channel's runs (max_sum_runs x c) and the c sums, in doubles: two
-// floats each.
-double* CudnnConv::bias_sums(cuda::Context& ctx) {
-  const int c = out_.c;
-  bias_sums_.reserve(ctx, 2 * size_t(c) * size_t(max_sum_runs(c, ctx.sms()) + 1));
-  return reinterpret_cast<double*>(bias_sums_.data());
 }
 
 // Note [channels last]: cuDNN on the KRSC copy of the weights, the weight
@@ -477,9 +466,8 @@ double* CudnnConv::bias_sums(cuda::Context& ctx) {
 void CudnnConv::forward_nhwc(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b,
                              float* y) {
   const Plan& p = plan(ctx, batch);
-  ctx.staging(staging_bytes(backward_pieces(batch)));  // backward's, now (staging_pieces)
-  const std::vector<void*> at = staging_pieces(ctx, forward_pieces(batch));
-  weights_to_krsc_cuda(at[0], w, out_.c, in_.c, k_ * k_, precision_, ctx.compute());
+  const std::vector<void*> at = forward_staging(ctx, batch);
+  weights_for_cudnn(ctx, w, at[0]);
   run_forward(ctx, p, x, at[0], y);
   if (b) add_channel_bias_cuda(y, b, int64_t(batch) * out_.numel(), out_.c, ctx.compute());
 }
@@ -491,10 +479,10 @@ void CudnnConv::backward_nhwc(cuda::Context& ctx, int batch, const float* x, con
   if (db) bias_grad(ctx, batch, dy, db);
   if (dw) {
     run_backward_filter(ctx, p, x, dy, 0.0f, at[1]);
-    add_weights_from_krsc_cuda(dw, at[1], out_.c, in_.c, k_ * k_, precision_, ctx.compute());
+    add_weight_grad(ctx, at[1], dw);
   }
   if (dx) {
-    weights_to_krsc_cuda(at[0], w, out_.c, in_.c, k_ * k_, precision_, ctx.compute());
+    weights_for_cudnn(ctx, w, at[0]);
     run_backward_data(ctx, p, at[0], dy, dx);
   }
 }
@@ -519,25 +507,42 @@ std::vector<size_t> CudnnConv::backward_pieces(int batch) const {
   return {};
 }
 
-// The 16-bit weights cuDNN takes: a copy, or with NHWC data a KRSC one.
-void CudnnConv::weights_to_half(cuda::Context& ctx, const float* w, uint16_t* wh) const {
+// The forward's staging pieces, the memory sized for the backward's first
+// (staging_pieces: growing it may wait for the device, which backward must
+// not).
+std::vector<void*> CudnnConv::forward_staging(cuda::Context& ctx, int batch) const {
+  ctx.staging(staging_bytes(backward_pieces(batch)));
+  return staging_pieces(ctx, forward_pieces(batch));
+}
+
+// The weights as cuDNN takes them where they are not w itself: with NHWC
+// data a KRSC copy in the precision's type, else a 16-bit copy.
+void CudnnConv::weights_for_cudnn(cuda::Context& ctx, const float* w, void* dst) const {
   if (layout_ == Layout::NHWC)
-    weights_to_krsc_cuda(wh, w, out_.c, in_.c, k_ * k_, precision_, ctx.compute());
+    weights_to_krsc_cuda(dst, w, out_.c, in_.c, k_ * k_, precision_, ctx.compute());
   else
-    to_half_cuda(wh, w, weight_numel(), precision_, ctx.compute());
+    to_half_cuda(static_cast<uint16_t*>(dst), w, weight_numel(), precision_, ctx.compute());
+}
+
+// dw += the weight gradient cuDNN wrote into src, the inverse of
+// weights_for_cudnn.
+void CudnnConv::add_weight_grad(cuda::Context& ctx, const void* src, float* dw) const {
+  if (layout_ == Layout::NHWC)
+    add_weights_from_krsc_cuda(dw, src, out_.c, in_.c, k_ * k_, precision_, ctx.compute());
+  else
+    from_half_cuda(dw, static_cast<const uint16_t*>(src), weight_numel(), precision_, /*add=*/true, ctx.compute());
 }
 
 void CudnnConv::forward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b,
                              float* y) {
   const Plan& p = plan(ctx, batch);
   const int64_t nx = int64_t(batch) * in_.numel();
-  ctx.staging(staging_bytes(backward_pieces(batch)));  // backward's, now (staging_pieces)
-  const std::vector<void*> at = staging_pieces(ctx, forward_pieces(batch));
+  const std::vector<void*> at = forward_staging(ctx, batch);
   auto* xh = static_cast<uint16_t*>(at[0]);
   auto* wh = static_cast<uint16_t*>(at[1]);
   auto* yh = static_cast<uint16_t*>(at[2]);
   to_half_cuda(xh, x, nx, precision_, ctx.compute());
-  weights_to_half(ctx, w, wh);
+  weights_for_cudnn(ctx, w, wh);
   run_forward(ctx, p, xh, wh, yh);
   // NHWC: channel i % c, as NCHW of one pixel a plane.
   const int64_t hw = int64_t(out_.h) * out_.w;
@@ -550,7 +555,7 @@ void CudnnConv::forward_half(cuda::Context& ctx, int batch, const float* x, cons
 void CudnnConv::backward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy,
                               float* dw, float* db, float* dx) {
   const Plan& p = plan(ctx, batch);
-  const int64_t nx = int64_t(batch) * in_.numel(), ny = int64_t(batch) * out_.numel(), nw = weight_numel();
+  const int64_t nx = int64_t(batch) * in_.numel(), ny = int64_t(batch) * out_.numel();
   const std::vector<void*> at = staging_pieces(ctx, backward_pieces(batch));
   auto* dyh = static_cast<uint16_t*>(at[0]);
   auto* xh = static_cast<uint16_t*>(at[1]);
@@ -560,20 +565,17 @@ void CudnnConv::backward_half(cuda::Context& ctx, int batch, const float* x, con
   cudaStream_t s = ctx.compute();
   to_half_cuda(dyh, dy, ny, precision_, s);
   if (db && layout_ == Layout::NHWC)
-    bias_grad_half(ctx, batch, dyh, db);
+    bias_grad(ctx, batch, dyh, db);
   else if (db)
     channel_grad_from_half_cuda(db, dyh, batch, out_.c, int64_t(out_.h) * out_.w, precision_, s);
   if (dw) {
     // The 16-bit gradient of this call, then added to the fp32 one.
     to_half_cuda(xh, x, nx, precision_, s);
     run_backward_filter(ctx, p, xh, dyh, 0.0f, dwh);
-    if (layout_ == Layout::NHWC)
-      add_weights_from_krsc_cuda(dw, dwh, out_.c, in_.c, k_ * k_, precision_, s);
-    else
-      from_half_cuda(dw, dwh, nw, precision_, /*add=*/true, s);
+    add_weight_grad(ctx, dwh, dw);
   }
   if (dx) {
-    weights_to_half(ctx, w, wh);
+    weights_for_cudnn(ctx, w, wh);
     run_backward_data(ctx, p, wh, dyh, dxh);
     from_half_cuda(dx, dxh, nx, precision_, /*add=*/false, s);
   }

@@ -133,11 +133,9 @@ class CudnnConv {
   // whether one may run on these operands.
   void graph_plans(cuda::Context& ctx, Plan& p, int batch);
   bool graph_fits(cuda::Context& ctx, const GraphConv* g, std::initializer_list<const void*> operands) const;
-  // db += the sum of dy per channel (fp32; --gpu-kernels next or NHWC), or
-  // of dyh rounded to the precision (16 bits, NHWC).
-  void bias_grad(cuda::Context& ctx, int batch, const float* dy, float* db);
-  void bias_grad_half(cuda::Context& ctx, int batch, const uint16_t* dyh, float* db);
-  double* bias_sums(cuda::Context& ctx);  // bias_sums_, sized: parts, then the c sums
+  // db += the sum of dy per channel: fp32 dy (--gpu-kernels next or NHWC),
+  // or the 16-bit one over NHWC, the sum rounded to the precision.
+  void bias_grad(cuda::Context& ctx, int batch, const void* dy, float* db);
   void describe();  // the descriptors, for precision_
   void release();   // destroys them
   int64_t weight_numel() const { return int64_t(out_.c) * in_.c * k_ * k_; }
@@ -146,8 +144,11 @@ class CudnnConv {
   // gradient; none in fp32 NCHW.
   std::vector<size_t> forward_pieces(int batch) const;
   std::vector<size_t> backward_pieces(int batch) const;
-  // The 16-bit weights cuDNN takes (a KRSC copy with NHWC data).
-  void weights_to_half(cuda::Context& ctx, const float* w, uint16_t* wh) const;
+  std::vector<void*> forward_staging(cuda::Context& ctx, int batch) const;
+  // The weights as cuDNN takes them (a KRSC copy with NHWC data, a 16-bit
+  // copy in 16 bits), and the gradient it wrote that way added back into dw.
+  void weights_for_cudnn(cuda::Context& ctx, const float* w, void* dst) const;
+  void add_weight_grad(cuda::Context& ctx, const void* src, float* dw) const;
   // Note [channels last] in fp32 and TF32: cuDNN on KRSC weight copies.
   void forward_nhwc(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, float* y);
   void backward_nhwc(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy, float* dw,
