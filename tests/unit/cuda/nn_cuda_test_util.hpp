@@ -19,12 +19,12 @@
 #include <vector>
 
 #include "ddp/core/rng.hpp"              // Rng: the same inputs on every machine
-#include "ddp/nn/layout.hpp"             // Layout, nchw_at, nhwc_at: Note [channels last]
 #include "ddp/nn/model.hpp"              // Model: the twins an OptimizerPair steps
 #include "ddp/optim/kernels.hpp"         // make_cpu_kernels, make_cuda_kernels
 #include "ddp/optim/optimizer.hpp"       // Optimizer
 #include "ddp/runtime/cuda_check.hpp"    // DDP_CUDA_CHECK
 #include "ddp/runtime/cuda_context.hpp"  // cuda::Context, cuda::device_count
+#include "../nn/layout_util.hpp"         // to_layout, from_layout
 
 namespace ddp::nn_cuda_test {
 
@@ -103,31 +103,9 @@ inline StepInputs step_inputs(int step, int batch, size_t image_floats, int clas
   return in;
 }
 
-// A batch of `batch` samples of shape s, NCHW, in `layout` (to_layout), and
-// a batch in `layout` back in NCHW (from_layout).
-inline std::vector<float> relayout(const std::vector<float>& v, int batch, nn::Shape s, nn::Layout layout,
-                                   bool to) {
-  if (layout == nn::Layout::NCHW) return v;
-  std::vector<float> out(v.size());
-  for (int n = 0; n < batch; ++n)
-    for (int c = 0; c < s.c; ++c)
-      for (int y = 0; y < s.h; ++y)
-        for (int x = 0; x < s.w; ++x) {
-          const size_t a = size_t(nn::nchw_at(n, c, y, x, s.c, s.h, s.w)),
-                       b = size_t(nn::nhwc_at(n, c, y, x, s.c, s.h, s.w));
-          if (to)
-            out[b] = v[a];
-          else
-            out[a] = v[b];
-        }
-  return out;
-}
-inline std::vector<float> to_layout(const std::vector<float>& v, int batch, nn::Shape s, nn::Layout layout) {
-  return relayout(v, batch, s, layout, true);
-}
-inline std::vector<float> from_layout(const std::vector<float>& v, int batch, nn::Shape s, nn::Layout layout) {
-  return relayout(v, batch, s, layout, false);
-}
+// Batches between the CPU's layout and the GPU's (Note [channels last]).
+using nn::test::from_layout;
+using nn::test::to_layout;
 
 // Floats as their bits: equal means bitwise equal (0.0 and -0.0 differ).
 inline std::vector<uint32_t> bits(const std::vector<float>& v) {

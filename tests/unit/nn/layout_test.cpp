@@ -16,6 +16,7 @@
 #include "ddp/nn/graph.hpp"
 #include "ddp/nn/kernel_math.hpp"
 #include "grad_check.hpp"
+#include "layout_util.hpp"  // to_layout
 
 namespace ddp::nn {
 namespace {
@@ -80,14 +81,9 @@ TEST(ChannelsLast, IndicesAreATransposeOfOneAnother) {
   EXPECT_EQ(*nhwc.rbegin(), int64_t(n * c * h * w - 1));
 }
 
-// The NHWC batch of an NCHW one.
+// The NHWC batch of an NCHW one of n samples of c x h x w.
 std::vector<float> to_nhwc(const std::vector<float>& x, int n, int c, int h, int w) {
-  std::vector<float> out(x.size());
-  for (int i = 0; i < n; ++i)
-    for (int ch = 0; ch < c; ++ch)
-      for (int y = 0; y < h; ++y)
-        for (int xx = 0; xx < w; ++xx) out[size_t(nhwc_at(i, ch, y, xx, c, h, w))] = x[size_t(nchw_at(i, ch, y, xx, c, h, w))];
-  return out;
+  return test::to_layout(x, n, {c, h, w}, Layout::NHWC);
 }
 
 TEST(ChannelsLast, GlobalPoolGivesTheSameBitsInBothLayouts) {
