@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "ddp/core/error.hpp"
+#include "ddp/core/finite.hpp"  // first_non_finite
 #include "ddp/optim/kernels.hpp"
 
 namespace ddp::optim {
@@ -34,8 +35,14 @@ class CpuKernels final : public Kernels {
     return s;
   }
 
+  const unsigned* non_finite(const float* g, size_t n) override {
+    flag_ = first_non_finite(g, n) != n;
+    return &flag_;
+  }
+
  private:
   double sq_ = 0, norm_sum_ = 0;
+  unsigned flag_ = 0;
 };
 
 }  // namespace

@@ -1,10 +1,12 @@
 // The GPU optimizer kernels (kernels.hpp): update_math.hpp's update as one
 // grid-stride kernel per call; the norm as per-block partial sums of a fixed
 // grid, then one block adding them in order: the same bits for the same
-// gradients, run after run (no atomics).
+// gradients, run after run (no atomics); the check for non-finite values
+// as one flag that any warp holding one sets.
 #include <algorithm>
 
 #include "ddp/core/error.hpp"          // DDP_CHECK
+#include "ddp/core/finite.hpp"         // non_finite_bits
 #include "ddp/optim/kernels.hpp"
 #include "ddp/runtime/block_sum.cuh"  // block_sum: fixed order
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK, DDP_CUDA_CHECK_LAUNCH
@@ -48,6 +50,15 @@ __global__ void sq_final_kernel(const double* __restrict__ partial, int parts, d
   }
 }
 
+// *flag |= 1 where g[0, n) holds a NaN or an infinity (the flag cleared before).
+__global__ void non_finite_kernel(size_t n, const float* __restrict__ g, unsigned* __restrict__ flag) {
+  bool bad = false;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    bad |= non_finite_bits(__float_as_uint(g[i]));
+  // Every thread of the warp gets here (blocks of kThreads, a multiple of 32).
+  if (__any_sync(0xffffffffu, bad) && threadIdx.x % 32 == 0) atomicOr(flag, 1u);
+}
+
 class CudaKernels final : public Kernels {
  public:
   explicit CudaKernels(cudaStream_t stream) : stream_(stream) {
@@ -55,6 +66,7 @@ class CudaKernels final : public Kernels {
     // on this stream.
     DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial_), kNormBlocks * sizeof(double), stream_));
     DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&out_), 2 * sizeof(double), stream_));
+    DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&flag_), sizeof(unsigned), stream_));
     DDP_CUDA_CHECK(cudaMemsetAsync(out_, 0, 2 * sizeof(double), stream_));
   }
   ~CudaKernels() override {
@@ -62,6 +74,7 @@ class CudaKernels final : public Kernels {
     // releases its kernels (or leaves them to the process's end on an error).
     cudaFreeAsync(partial_, stream_);
     cudaFreeAsync(out_, stream_);
+    cudaFreeAsync(flag_, stream_);
   }
 
   void step(const StepArgs& a) override {
@@ -90,10 +103,20 @@ class CudaKernels final : public Kernels {
     return h;
   }
 
+  const unsigned* non_finite(const float* g, size_t n) override {
+    DDP_CUDA_CHECK(cudaMemsetAsync(flag_, 0, sizeof(unsigned), stream_));
+    if (n == 0) return flag_;
+    const unsigned grid = unsigned(std::min<size_t>((n + kThreads - 1) / kThreads, 4096));
+    non_finite_kernel<<<grid, kThreads, 0, stream_>>>(n, g, flag_);
+    DDP_CUDA_CHECK_LAUNCH(non_finite_kernel);
+    return flag_;
+  }
+
  private:
   cudaStream_t stream_;
   double* partial_ = nullptr;
   double* out_ = nullptr;  // the last squared norm, the running sum of norms
+  unsigned* flag_ = nullptr;  // non_finite's
 };
 
 }  // namespace

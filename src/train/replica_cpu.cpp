@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "ddp/core/error.hpp"                // DDP_CHECK
-#include "ddp/core/finite.hpp"               // first_non_finite
 #include "ddp/core/fixed_point.hpp"          // round_loss_sum
 #include "ddp/deterministic/devices.hpp"     // make_cpu_device: --deterministic's
 #include "ddp/deterministic/exact_sum.hpp"   // HostExactGradientSum
@@ -58,7 +57,7 @@ class CpuBackend final : public Backend, public ExactBackend {
   void set_exact_loss() override { exact_loss_ = true; }
 
   bool checks_every_step() const override { return true; }
-  bool all_finite(const float* p, size_t n) override { return first_non_finite(p, n) == n; }
+  bool all_finite(const float* p, size_t n) override { return *kernels_->non_finite(p, n) == 0; }
   optim::Kernels& optim_kernels() override { return *kernels_; }
 
  private:

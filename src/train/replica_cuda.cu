@@ -26,7 +26,6 @@
 #include "ddp/comm/device_communicator.hpp"  // nccl, staged mpi
 #include "ddp/core/error.hpp"                // DDP_CHECK, UsageError
 #include "ddp/core/trace.hpp"                // Trace: --trace's GPU tracks
-#include "ddp/core/finite.hpp"               // first_non_finite
 #include "ddp/deterministic/devices.hpp"     // make_cuda_device: --deterministic's
 #include "ddp/deterministic/exact_sum.hpp"   // make_cuda_exact_sum
 #include "ddp/nn/cuda/device.hpp"            // make_cuda_device, loss kernels
@@ -262,11 +261,13 @@ class CudaBackend final : public Backend, public ExactBackend {
 
   // Looking at the gradients would stop the host every step (replica.hpp).
   bool checks_every_step() const override { return false; }
+  // The check on the device; the host reads its flag.
   bool all_finite(const float* p, size_t n) override {
-    std::vector<float> h(n);
-    sync("reading values to check");
-    device_->to_host(h.data(), p, n);
-    return first_non_finite(h.data(), n) == n;
+    const unsigned* flag = kernels_->non_finite(p, n);
+    sync("checking that the gradients are finite");  // Note [bounded copies to the host]
+    unsigned h = 0;
+    DDP_CUDA_CHECK(cudaMemcpy(&h, flag, sizeof h, cudaMemcpyDeviceToHost));
+    return h == 0;
   }
 
   optim::Kernels& optim_kernels() override { return *kernels_; }

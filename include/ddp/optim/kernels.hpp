@@ -45,6 +45,11 @@ class Kernels {
   virtual const double* sq_norm(const float* g, size_t n, float unscale = 1.0f) = 0;
   // The norms summed since the last call; waits for the device.
   virtual double take_norm_sum() = 0;
+  // Whether g[0, n) holds a NaN or an infinity (fp16's loss scaler's
+  // found_inf): a flag, nonzero where it does, left in memory this object
+  // owns (the device's), valid until the next call. On a GPU the host then
+  // reads four bytes, not the gradients.
+  virtual const unsigned* non_finite(const float* g, size_t n) = 0;
 };
 
 std::unique_ptr<Kernels> make_cpu_kernels();
@@ -52,7 +57,8 @@ std::unique_ptr<Kernels> make_cpu_kernels();
 #if DDP_HAVE_CUDA
 // On `stream`: one grid-stride launch per step() call; sq_norm in two
 // launches of fixed shape (partial sums per block, then one block adds them
-// in order), so its bits depend on n only.
+// in order), so its bits depend on n only; non_finite in one launch after
+// clearing its flag.
 std::unique_ptr<Kernels> make_cuda_kernels(cudaStream_t stream);
 #endif
 

@@ -120,5 +120,36 @@ TEST_F(CudaOptimizer, NormIsTheSameBitsEveryCall) {
   EXPECT_GT(got[0], 0.0);
 }
 
+// fp16's found_inf on the device: the flag the host reads instead of the
+// gradients, against the CPU kernels' at every place a NaN or an infinity
+// may sit (a warp's last thread, a block's, the grid's last in its first
+// stride and the first in its second: the grid holds 4096 blocks of 256).
+TEST_F(CudaOptimizer, NonFiniteFlagIsTheCpus) {
+  const size_t n = 2000003;
+  const std::vector<float> g = normal(n, 5);
+  DeviceArray<float> d(ctx(), g);
+  auto gpu = make_cuda_kernels(ctx().compute());
+  auto cpu = make_cpu_kernels();
+  auto flag = [&](size_t count) {
+    const unsigned* f = gpu->non_finite(d.get(), count);
+    unsigned h = 7;
+    EXPECT_EQ(cudaMemcpyAsync(&h, f, sizeof h, cudaMemcpyDeviceToHost, ctx().compute()), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(ctx().compute()), cudaSuccess);
+    return h != 0;
+  };
+  EXPECT_FALSE(flag(n));
+  EXPECT_FALSE(flag(0));
+  for (size_t at : {size_t(0), size_t(31), size_t(255), size_t(256), size_t(4096 * 256 - 1), size_t(4096 * 256),
+                    n - 1})
+    for (float bad : {NAN, INFINITY, -INFINITY}) {
+      std::vector<float> h = g;
+      h[at] = bad;
+      d.upload(h);
+      EXPECT_TRUE(flag(n)) << bad << " at " << at;
+      EXPECT_EQ(flag(n), *cpu->non_finite(h.data(), n) != 0) << bad << " at " << at;
+      EXPECT_FALSE(flag(at)) << "the values before " << at;
+    }
+}
+
 }  // namespace
 }  // namespace ddp::optim

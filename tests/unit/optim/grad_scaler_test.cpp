@@ -108,5 +108,24 @@ TEST(Unscale, AStepOnScaledGradientsIsTheStepOnTheGradients) {
   EXPECT_EQ(a.take_norm_sum(), b.take_norm_sum());
 }
 
+// found_inf: the kernels' flag says whether any value is a NaN or an
+// infinity, wherever it sits (the CPU's check reads blocks of 1024 values).
+TEST(NonFinite, TheFlagSeesANanOrAnInfinityAnywhere) {
+  auto k = make_cpu_kernels();
+  const size_t n = 5000;
+  std::vector<float> g(n, 1.5f);
+  g[17] = 0x1p127f;  // large, finite
+  g[18] = -0.0f;
+  EXPECT_EQ(*k->non_finite(g.data(), n), 0u);
+  EXPECT_EQ(*k->non_finite(g.data(), 0), 0u);
+  for (size_t at : {size_t(0), size_t(1023), size_t(1024), n - 1})
+    for (float bad : {NAN, INFINITY, -INFINITY}) {
+      std::vector<float> h = g;
+      h[at] = bad;
+      EXPECT_NE(*k->non_finite(h.data(), n), 0u) << bad << " at " << at;
+      EXPECT_EQ(*k->non_finite(h.data(), at), 0u) << "the values before " << at;
+    }
+}
+
 }  // namespace
 }  // namespace ddp::optim
