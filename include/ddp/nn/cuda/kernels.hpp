@@ -248,8 +248,8 @@ class CudaBatchNorm : public Kernel {
   // are backward's.
   virtual void channel_sums(const OpArgs& a, size_t width, const RunSum& sum, const std::string& what,
                             bool backward);
-  // sums_'s first n values summed over ranks when synchronised: a host
-  // round trip.
+  // sums_'s first n values summed over ranks when synchronised over more
+  // than one: a host round trip.
   void reduce(size_t n, const std::string& what);
   // Launches the per-channel sums of `images` images from x into out
   // (device; Note [batch norm sums]): without dy, of x, or with mean of
