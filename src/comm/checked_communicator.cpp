@@ -92,6 +92,10 @@ class CheckedCommunicator final : public Communicator {
     check(kAllreduceInt64, count, -1, what);
     return inner_->allreduce_int64_async(data, count, std::move(what));
   }
+  std::shared_ptr<Work> allreduce_doubles_async(double* data, size_t count, std::string what) override {
+    check(kAllreduceDoubles, count, -1, what);
+    return inner_->allreduce_doubles_async(data, count, std::move(what));
+  }
 
  private:
   void check(int32_t kind, size_t count, int root, const std::string& what) {

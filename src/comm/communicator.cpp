@@ -35,4 +35,9 @@ std::shared_ptr<Work> Communicator::allreduce_int64_async(int64_t* data, size_t 
   return std::make_shared<DoneWork>();
 }
 
+std::shared_ptr<Work> Communicator::allreduce_doubles_async(double* data, size_t count, std::string what) {
+  allreduce_doubles(data, count, /*max=*/false, what);
+  return std::make_shared<DoneWork>();
+}
+
 }  // namespace ddp::comm

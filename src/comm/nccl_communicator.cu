@@ -320,16 +320,13 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
 
   // --deterministic's integer sums: exact whatever order NCCL adds in.
   std::shared_ptr<Work> allreduce_int64_async(int64_t* data, size_t count, std::string what) override {
-    const std::string desc = detail::concat(what, " (", format_bytes(count * sizeof(int64_t)), " as int64)");
-    DDP_CHECK(data != nullptr || count == 0, desc, ": null buffer");
-    state_->check_usable(desc);
-    if (count == 0) return std::make_shared<DoneWork>();
-    auto w = ordered_work(desc);
-    issue(desc, [&] {
-      DDP_NCCL_CHECK(ncclAllReduce(data, data, count, ncclInt64, ncclSum, state_->comm, ctx_.comm()));
-    });
-    DDP_CUDA_CHECK(cudaEventRecord(w->done_event(), ctx_.comm()));
-    return w;
+    return sum_async(data, count, ncclInt64, sizeof(int64_t), "int64", what);
+  }
+  // SyncBatchNorm's sums: on the comm stream, behind the gradient buckets
+  // already issued (one stream a communicator keeps every rank's
+  // collectives in one order).
+  std::shared_ptr<Work> allreduce_doubles_async(double* data, size_t count, std::string what) override {
+    return sum_async(data, count, ncclFloat64, sizeof(double), "double", what);
   }
 
   void synchronize(cudaStream_t stream, const std::string& what) override {
@@ -350,6 +347,18 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
   }
 
  private:
+  // An in-place ncclSum of count values of `type` (`size` bytes, `name`).
+  std::shared_ptr<Work> sum_async(void* data, size_t count, ncclDataType_t type, size_t size, const char* name,
+                                  const std::string& what) {
+    const std::string desc = detail::concat(what, " (", format_bytes(count * size), " as ", name, ")");
+    DDP_CHECK(data != nullptr || count == 0, desc, ": null buffer");
+    state_->check_usable(desc);
+    if (count == 0) return std::make_shared<DoneWork>();
+    auto w = ordered_work(desc);
+    issue(desc, [&] { DDP_NCCL_CHECK(ncclAllReduce(data, data, count, type, ncclSum, state_->comm, ctx_.comm())); });
+    DDP_CUDA_CHECK(cudaEventRecord(w->done_event(), ctx_.comm()));
+    return w;
+  }
   // A collective's Work, the comm stream ordered after what compute has been
   // given so far (Note [device all-reduce order]).
   std::shared_ptr<NcclWork> ordered_work(const std::string& desc) {

@@ -237,16 +237,12 @@ class StagedMpiCommunicator final : public cuda_util::HostCollectives {
   // deterministic/exact_sum.hpp); here each waits for the compute stream and the
   // ranks, so on this backend they do not overlap backward.
   std::shared_ptr<Work> allreduce_int64_async(int64_t* data, size_t count, std::string what) override {
-    const std::string desc = detail::concat(what, " (", format_bytes(count * sizeof(int64_t)), " as int64)");
-    DDP_CHECK(data != nullptr || count == 0, desc, ": null buffer");
-    if (size_ == 1 || count == 0) return std::make_shared<DoneWork>();
-    std::vector<int64_t> h(count);
-    synchronize(ctx_.compute(), desc + ": the sums");  // Note [bounded copies to the host]
-    DDP_CUDA_CHECK(cudaMemcpyAsync(h.data(), data, count * sizeof(int64_t), cudaMemcpyDeviceToHost, ctx_.compute()));
-    host().allreduce_int64(h.data(), count, what);
-    // From pageable memory: returns once h is staged, so h may go.
-    DDP_CUDA_CHECK(cudaMemcpyAsync(data, h.data(), count * sizeof(int64_t), cudaMemcpyHostToDevice, ctx_.compute()));
-    return std::make_shared<DoneWork>();
+    return sum_through_host(data, count, "int64", what, [&](int64_t* h) { host().allreduce_int64(h, count, what); });
+  }
+  // SyncBatchNorm's sums, the same way.
+  std::shared_ptr<Work> allreduce_doubles_async(double* data, size_t count, std::string what) override {
+    return sum_through_host(data, count, "double", what,
+                            [&](double* h) { host().allreduce_doubles(h, count, /*max=*/false, what); });
   }
 
   void synchronize(cudaStream_t stream, const std::string& what) override {
@@ -256,6 +252,22 @@ class StagedMpiCommunicator final : public cuda_util::HostCollectives {
   }
 
  private:
+  // count values of device memory summed in place by sum(host copy), done
+  // when this returns.
+  template <class T, class Sum>
+  std::shared_ptr<Work> sum_through_host(T* data, size_t count, const char* type, const std::string& what,
+                                         const Sum& sum) {
+    const std::string desc = detail::concat(what, " (", format_bytes(count * sizeof(T)), " as ", type, ")");
+    DDP_CHECK(data != nullptr || count == 0, desc, ": null buffer");
+    if (size_ == 1 || count == 0) return std::make_shared<DoneWork>();
+    std::vector<T> h(count);
+    synchronize(ctx_.compute(), desc + ": the sums");  // Note [bounded copies to the host]
+    DDP_CUDA_CHECK(cudaMemcpyAsync(h.data(), data, count * sizeof(T), cudaMemcpyDeviceToHost, ctx_.compute()));
+    sum(h.data());
+    // From pageable memory: returns once h is staged, so h may go.
+    DDP_CUDA_CHECK(cudaMemcpyAsync(data, h.data(), count * sizeof(T), cudaMemcpyHostToDevice, ctx_.compute()));
+    return std::make_shared<DoneWork>();
+  }
 
   // Why a wait on the staging thread ended without its result.
   struct Stopped {};

@@ -153,25 +153,15 @@ class Watched : public Base {
   int size() const override { return inner_->size(); }
 
   std::shared_ptr<Work> allreduce_async(float* data, size_t count, ReduceOp op, std::string what) override {
-    const uint64_t seq = enter("all-reduce", what, format_bytes(count * sizeof(float)));
-    std::shared_ptr<Work> w;
-    {
-      Tracker::Nested inside;
-      w = inner_->allreduce_async(data, count, op, std::move(what));
-    }
-    return watched(seq, std::move(w));
+    return watched_async(what, format_bytes(count * sizeof(float)),
+                         [&] { return inner_->allreduce_async(data, count, op, std::move(what)); });
   }
   std::shared_ptr<Work> allreduce_compressed_async(float* data, size_t count, ReduceOp op, Wire wire,
                                                    std::string what) override {
-    const uint64_t seq = enter("all-reduce", what,
-                               wire == Wire::F32 ? format_bytes(count * sizeof(float))
-                                                 : format_bytes(count * wire_bytes(wire)) + " as " + wire_name(wire));
-    std::shared_ptr<Work> w;
-    {
-      Tracker::Nested inside;
-      w = inner_->allreduce_compressed_async(data, count, op, wire, std::move(what));
-    }
-    return watched(seq, std::move(w));
+    return watched_async(what,
+                         wire == Wire::F32 ? format_bytes(count * sizeof(float))
+                                           : format_bytes(count * wire_bytes(wire)) + " as " + wire_name(wire),
+                         [&] { return inner_->allreduce_compressed_async(data, count, op, wire, std::move(what)); });
   }
   void broadcast(void* data, size_t bytes, int root, const std::string& what) override {
     Blocking b(*this, "broadcast", what + ", from rank " + std::to_string(root), format_bytes(bytes));
@@ -194,13 +184,12 @@ class Watched : public Base {
     inner_->allreduce_int64(data, count, what);
   }
   std::shared_ptr<Work> allreduce_int64_async(int64_t* data, size_t count, std::string what) override {
-    const uint64_t seq = enter("all-reduce", what, format_bytes(count * sizeof(int64_t)));
-    std::shared_ptr<Work> w;
-    {
-      Tracker::Nested inside;
-      w = inner_->allreduce_int64_async(data, count, std::move(what));
-    }
-    return watched(seq, std::move(w));
+    return watched_async(what, format_bytes(count * sizeof(int64_t)),
+                         [&] { return inner_->allreduce_int64_async(data, count, std::move(what)); });
+  }
+  std::shared_ptr<Work> allreduce_doubles_async(double* data, size_t count, std::string what) override {
+    return watched_async(what, format_bytes(count * sizeof(double)),
+                         [&] { return inner_->allreduce_doubles_async(data, count, std::move(what)); });
   }
 
  protected:
@@ -223,6 +212,18 @@ class Watched : public Base {
     inner_->set_timeout(this->timeout() + grace_);
     return tracker_->enter(collective_label(kind, what, bytes),
                            std::chrono::duration<double>(this->timeout()).count());
+  }
+  // An all-reduce in flight: entered, issued by `issue` (the inner
+  // communicator's call, not numbered again), its Work watched.
+  template <class Issue>
+  std::shared_ptr<Work> watched_async(const std::string& what, const std::string& bytes, const Issue& issue) {
+    const uint64_t seq = enter("all-reduce", what, bytes);
+    std::shared_ptr<Work> w;
+    {
+      Tracker::Nested inside;
+      w = issue();
+    }
+    return watched(seq, std::move(w));
   }
   std::shared_ptr<Work> watched(uint64_t seq, std::shared_ptr<Work> w) {
     if (seq == 0) return w;

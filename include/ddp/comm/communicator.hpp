@@ -94,6 +94,12 @@ class Communicator {
   // and untouched until wait() returns. This default, for host-memory
   // backends, is allreduce_int64, done when it returns.
   virtual std::shared_ptr<Work> allreduce_int64_async(int64_t* data, size_t count, std::string what);
+  // Sum of count doubles on that memory, ordered the same way: SyncBatchNorm's
+  // statistics on a GPU, summed without the host waiting for them. The
+  // buffer must stay valid and untouched until wait() returns. This
+  // default, for host-memory backends, is allreduce_doubles, done when it
+  // returns.
+  virtual std::shared_ptr<Work> allreduce_doubles_async(double* data, size_t count, std::string what);
 
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }

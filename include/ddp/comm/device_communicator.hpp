@@ -6,7 +6,8 @@
 // event recorded there), and Work::wait() orders ctx.compute() after the
 // collective (cudaStreamWaitEvent): the optimizer, issued after the waits,
 // reads averaged gradients, and the host never blocks on the GPU for it.
-// The blocking collectives (broadcast, barrier, allgather,
+// allreduce_int64_async and allreduce_doubles_async take device memory the
+// same way. The blocking collectives (broadcast, barrier, allgather,
 // allreduce_doubles) work on HOST memory, through the MPI communicator `host`
 // each backend is given (the run's one: make_mpi_communicator).
 #pragma once

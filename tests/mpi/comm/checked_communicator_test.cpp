@@ -32,6 +32,9 @@ TEST(CheckedCommunicator, CollectivesThatAgreeGiveTheirResults) {
   double d = 1;
   comm->allreduce_doubles(&d, 1, /*max=*/false, "count");
   EXPECT_EQ(d, double(size));
+  std::vector<double> sums(3, 0.25 * (rank + 1));
+  comm->allreduce_doubles_async(sums.data(), sums.size(), "sync batch norm: sums")->wait();
+  EXPECT_EQ(sums[2], 0.25 * (size * (size + 1) / 2));
 }
 
 // Rank 1 all-reduces once more than the others ("rank 1 did an extra

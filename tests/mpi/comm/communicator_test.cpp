@@ -82,6 +82,21 @@ TEST(MpiCommunicator, Int64AllreducesInFlightWithFloatOnesAreExact) {
   expect_sum(b, w, 1.0f, "second floats");
 }
 
+// SyncBatchNorm's sums on host memory: done when the call returns, in
+// double (2^20 apart from 2^-30 steps: beyond float's precision).
+TEST(MpiCommunicator, DoublesAllreduceAsyncSumsBeforeItReturns) {
+  auto comm = make_mpi_communicator(test_world());
+  const int w = comm->size();
+  std::vector<double> v(1001);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0x1p20 + double(comm->rank() + 1) * double(i) * 0x1p-30;
+  auto work = comm->allreduce_doubles_async(v.data(), v.size(), "sync batch norm: sums");
+  EXPECT_TRUE(work->done());
+  work->wait();
+  size_t wrong = 0;
+  for (size_t i = 0; i < v.size(); ++i) wrong += v[i] != 0x1p20 * w + double(w) * (w + 1) / 2 * double(i) * 0x1p-30;
+  EXPECT_EQ(wrong, 0u);
+}
+
 TEST(MpiCommunicator, AllreduceAvgOfRankDependentData) {
   auto comm = make_mpi_communicator(test_world());
   const size_t n = 123457;

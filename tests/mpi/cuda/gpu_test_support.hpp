@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -167,30 +168,50 @@ inline void check_compressed(comm::DeviceCommunicator& comm, cuda::Context& ctx)
       }
 }
 
-// --deterministic's integer sums on device memory: values beyond float's and
-// double's exact range (2^60 apart from small terms), so only an integer sum
-// gets them right; the compute stream reads the result after wait().
-inline void check_int64(comm::DeviceCommunicator& comm, cuda::Context& ctx) {
+// An in-place sum of T on device memory (sum(data, n), then waited for)
+// against the host's sum over ranks of value(rank, i), which the values
+// make exact in any order; the compute stream reads the result after wait().
+template <class T>
+void check_exact_sums(comm::DeviceCommunicator& comm, cuda::Context& ctx, const char* what,
+                      const std::function<T(int rank, size_t i)>& value,
+                      const std::function<std::shared_ptr<comm::Work>(T*, size_t)>& sum) {
   for (size_t n : {size_t(1), size_t(1000), size_t(1) << 20}) {
-    std::vector<int64_t> mine(n);
-    for (size_t i = 0; i < n; ++i)
-      mine[i] = (int64_t(1) << 60) / comm.size() * (i % 2 ? -1 : 1) + int64_t(comm.rank() + 1) * int64_t(i % 977);
-    int64_t* d = static_cast<int64_t*>(ctx.alloc(n * sizeof(int64_t)));
-    DDP_CUDA_CHECK(cudaMemcpyAsync(d, mine.data(), n * sizeof(int64_t), cudaMemcpyHostToDevice, ctx.compute()));
-    comm.allreduce_int64_async(d, n, "test int64 sum")->wait();
-    std::vector<int64_t> got(n);
-    DDP_CUDA_CHECK(cudaMemcpyAsync(got.data(), d, n * sizeof(int64_t), cudaMemcpyDeviceToHost, ctx.compute()));
-    comm.synchronize(ctx.compute(), "test: reading the int64 sums");
+    std::vector<T> mine(n);
+    for (size_t i = 0; i < n; ++i) mine[i] = value(comm.rank(), i);
+    T* d = static_cast<T*>(ctx.alloc(n * sizeof(T)));
+    DDP_CUDA_CHECK(cudaMemcpyAsync(d, mine.data(), n * sizeof(T), cudaMemcpyHostToDevice, ctx.compute()));
+    sum(d, n)->wait();
+    std::vector<T> got(n);
+    DDP_CUDA_CHECK(cudaMemcpyAsync(got.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, ctx.compute()));
+    comm.synchronize(ctx.compute(), std::string("test: reading the ") + what);
     ctx.free(d);
     size_t wrong = 0;
-    const int64_t ranks_sum = int64_t(comm.size()) * (comm.size() + 1) / 2;
     for (size_t i = 0; i < n; ++i) {
-      const int64_t want =
-          (int64_t(1) << 60) / comm.size() * comm.size() * (i % 2 ? -1 : 1) + ranks_sum * int64_t(i % 977);
+      T want = 0;
+      for (int r = 0; r < comm.size(); ++r) want += value(r, i);
       wrong += got[i] != want;
     }
-    EXPECT_EQ(wrong, 0u) << n << " int64 values";
+    EXPECT_EQ(wrong, 0u) << n << " " << what;
   }
+}
+
+// --deterministic's integer sums: values beyond float's and double's exact
+// range (2^60 apart from small terms), so only an integer sum gets them right.
+inline void check_int64(comm::DeviceCommunicator& comm, cuda::Context& ctx) {
+  const int w = comm.size();
+  check_exact_sums<int64_t>(
+      comm, ctx, "int64 sums",
+      [w](int rank, size_t i) { return (int64_t(1) << 60) / w * (i % 2 ? -1 : 1) + int64_t(rank + 1) * int64_t(i % 977); },
+      [&](int64_t* d, size_t n) { return comm.allreduce_int64_async(d, n, "test int64 sum"); });
+}
+
+// SyncBatchNorm's sums: doubles beyond float's precision (2^20 apart from
+// multiples of 2^-30), whose sums are exact in any order.
+inline void check_doubles(comm::DeviceCommunicator& comm, cuda::Context& ctx) {
+  check_exact_sums<double>(
+      comm, ctx, "double sums",
+      [](int rank, size_t i) { return 0x1p20 * (i % 2 ? -1 : 1) + double(rank + 1) * double(i % 977) * 0x1p-30; },
+      [&](double* d, size_t n) { return comm.allreduce_doubles_async(d, n, "test double sum"); });
 }
 
 // Several all-reduces issued before any wait, one buffer twice: they complete

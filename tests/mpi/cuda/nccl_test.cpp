@@ -46,6 +46,10 @@ TEST_F(GpuNccl, Int64SumsAreExact) {
   test::check_int64(*comm_, g_->ctx);
 }
 
+TEST_F(GpuNccl, DoubleSumsAreExact) {
+  test::check_doubles(*comm_, g_->ctx);
+}
+
 TEST_F(GpuNccl, SeveralInFlightCompleteInIssueOrder) {
   test::check_in_flight(*comm_, g_->ctx);
 }

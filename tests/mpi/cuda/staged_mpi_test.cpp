@@ -39,6 +39,11 @@ TEST_F(GpuStagedMpi, Int64SumsAreExact) {
   test::check_int64(*comm, g_->ctx);
 }
 
+TEST_F(GpuStagedMpi, DoubleSumsAreExact) {
+  auto comm = make_comm();
+  test::check_doubles(*comm, g_->ctx);
+}
+
 TEST_F(GpuStagedMpi, SixteenBitAllReducesAreExactOnSmallIntegers) {
   if ((g_->world.size & (g_->world.size - 1)) != 0) GTEST_SKIP() << "the means are exact for 1, 2, 4... ranks";
   auto comm = make_comm();
