@@ -19,8 +19,9 @@
 #   scripts/gpu-check.sh nccl [DIR] [OUT] there: whole ddp_train runs over
 #       NCCL ranks sharing the GPU (test_cli's */nccl_on_one_gpu and
 #       NcclOnOneGpu.*): --deterministic bitwise at np 1, 2, 4 and across a
-#       kill and a resume, compression and SyncBatchNorm, a killed, a stopped
-#       and a misconfigured rank; within 5 minutes.
+#       kill and a resume, compression and SyncBatchNorm (learning, and np 4
+#       taking np 1's step), a killed, a stopped and a misconfigured rank;
+#       within 5 minutes.
 #   scripts/gpu-check.sh bench [DIR] [OUT] there: bench/compare_pytorch_gpu.sh
 #       for ResNet-18 and LeNet, each precision against PyTorch's like
 #       (fp32 against TF32 off, tf32 against its default, bf16 and fp16
@@ -90,7 +91,7 @@ run | learn | bench | nccl | profile)
     # GPU_BENCH: model:precision:reps:epochs[:our flags, comma-separated],
     # most wanted first (compare_pytorch_gpu.sh's pairs: each precision
     # against PyTorch's like).
-    for spec in ${GPU_BENCH:-resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:fp32:1:3:--gpu-kernels,next,--channels-last resnet18:fp32:1:3 lenet:fp32:3:5 lenet:bf16:3:5 resnet18:fp16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last}; do
+    for spec in ${GPU_BENCH:-resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:fp32:1:3:--gpu-kernels,next,--channels-last resnet18:fp32:1:3 lenet:fp32:3:5 lenet:bf16:3:5 lenet:fp16:3:5:--gpu-kernels,next resnet18:fp16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last}; do
       IFS=: read -r model p reps epochs flag <<<"$spec"
       flag=${flag//,/ }
       DDP_BENCH_IMAGES=${DDP_BENCH_IMAGES:-20480} DDP_TRAIN=$dir/bin/ddp_train timeout -k 10 "$step" \
@@ -145,7 +146,7 @@ run | learn | bench | nccl | profile)
   fi
   if [[ $mode == nccl ]]; then
     check NcclOnOneGpu "$dir/bin/test_cli" \
-      --gtest_filter='On/Deterministic.*/nccl_on_one_gpu:On/Reliability.*/nccl_on_one_gpu:NcclOnOneGpu.*'
+      --gtest_filter='On/Deterministic.*/nccl_on_one_gpu:On/SyncBatchNorm.*/nccl_on_one_gpu:On/Reliability.*/nccl_on_one_gpu:NcclOnOneGpu.*'
     exit $status
   fi
   check test_cuda "$dir/bin/test_cuda"

@@ -53,8 +53,8 @@ class LaneConvReluPoolCuda final : public nn::CudaConvReluPool, public LaneKerne
 };
 
 // Every sum taken micro-shard by micro-shard into a buffer of its own, and
-// the shards' sums added in shard order: on the device, or over several
-// ranks through the host (ShardStats).
+// the shards' sums added in shard order: on the device, or over every rank
+// through the host (ShardStats).
 class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
  public:
   ShardBatchNormCuda(const Op& op, cuda::Context& ctx, nn::StatsReducer* stats, nn::Layout layout)
@@ -86,10 +86,10 @@ class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
     return per_shard_;
   }
   // The shards' sums into sums_ in global shard order (over every rank when
-  // synchronised over more than one; one rank's are every rank's, added on
-  // the device in sum_in_shard_order's order: the same doubles).
+  // synchronised; with --gpu-kernels next one rank's are every rank's,
+  // added on the device in sum_in_shard_order's order: the same doubles).
   void reduce_shards(int shards, size_t width, const std::string& what) {
-    if (!shard_stats_ || stats_->ranks() == 1) {
+    if (!shard_stats_ || (ctx_.next_kernels() && stats_->ranks() == 1)) {
       bn_sum_shards_kernel<<<nn::cuda_grid(int64_t(width)), nn::kCudaThreads, 0, ctx_.compute()>>>(
           shards, int(width), per_shard_, sums_);
       DDP_CUDA_CHECK_LAUNCH(bn_sum_shards_kernel);

@@ -25,6 +25,7 @@
 
 #include "ddp/comm/device_communicator.hpp"  // nccl, staged mpi
 #include "ddp/core/error.hpp"                // DDP_CHECK, UsageError
+#include "ddp/core/finite.hpp"               // first_non_finite
 #include "ddp/core/trace.hpp"                // Trace: --trace's GPU tracks
 #include "ddp/deterministic/devices.hpp"     // make_cuda_device: --deterministic's
 #include "ddp/deterministic/exact_sum.hpp"   // make_cuda_exact_sum
@@ -261,8 +262,15 @@ class CudaBackend final : public Backend, public ExactBackend {
 
   // Looking at the gradients would stop the host every step (replica.hpp).
   bool checks_every_step() const override { return false; }
-  // The check on the device; the host reads its flag.
+  // With --gpu-kernels next the check runs on the device and the host
+  // reads its flag; else the host reads the values.
   bool all_finite(const float* p, size_t n) override {
+    if (!ctx_->next_kernels()) {
+      std::vector<float> h(n);
+      sync("reading values to check");
+      device_->to_host(h.data(), p, n);
+      return first_non_finite(h.data(), n) == n;
+    }
     const unsigned* flag = kernels_->non_finite(p, n);
     sync("checking that the gradients are finite");  // Note [bounded copies to the host]
     unsigned h = 0;

@@ -19,6 +19,9 @@ class Replica::Stats : public nn::StatsReducer {
   void sum(double* data, size_t n, const std::string& what) override {
     backend_.comm().allreduce_doubles(data, n, /*max=*/false, "sync batch norm: " + what);
   }
+  void sum_on_device(double* data, size_t n, const std::string& what) override {
+    backend_.comm().allreduce_doubles_async(data, n, "sync batch norm: " + what)->wait();
+  }
   int ranks() const override { return backend_.comm().size(); }
   void sync_device(const std::string& what) override { backend_.sync("sync batch norm: " + what); }
 

@@ -35,13 +35,27 @@ class Resnet : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = make_temp_dir(); }
   void TearDown() override { remove_tree(dir_); }
-  checkpoint::SafetensorsFile train(int np, const std::string& args, const std::string& name) {
+  // np ranks of `on` (ranks_on: the CPU's by default) run args.
+  checkpoint::SafetensorsFile train(int np, const std::string& args, const std::string& name,
+                                    const RanksOn& on = ranks_on("cpu")) {
     const std::string out = dir_ + "/" + name + ".safetensors";
-    auto r = run_ddp_train(np, "--model resnet18" + kData + " --quiet " + args + " --output-model " + out);
+    auto r = run_ddp_train(np, "--model resnet18" + kData + " --quiet " + args + on.flags + " --output-model " + out,
+                           on.wrapper);
     EXPECT_EQ(r.status, 0) << r.err;
     return checkpoint::read_safetensors(out);
   }
   std::string dir_;
+};
+
+// On the CPU, and over NCCL ranks sharing a GPU (its sums then summed on the
+// device, by NCCL).
+class SyncBatchNorm : public Resnet, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    Resnet::SetUp();
+    if (const std::string why = on_.unfit(); !why.empty()) GTEST_SKIP() << why;
+  }
+  const RanksOn on_ = ranks_on(GetParam());
 };
 
 // SyncBatchNorm: at -np 4 every BatchNorm normalises over the global batch, so
@@ -54,20 +68,29 @@ class Resnet : public ::testing::Test {
 // winograd_tile: 32 images of the 4x4 layers take F(4x4), 8 take im2col),
 // which rounds differently: 1.9e-4 of the parameters' scale with OpenBLAS's
 // Haswell kernels when 8 images of the 7x7 layers took im2col too. 1e-3
-// keeps a margin on both sides.
-TEST_F(Resnet, SyncBatchNormAtFourRanksTakesTheOneRankStep) {
+// keeps a margin on both sides. On a GPU the per-rank batch picks cuDNN's
+// algorithms: fp32 rounding, as far below 1e-3; the sums go through the
+// host, and with --gpu-kernels next through NCCL on the device.
+TEST_P(SyncBatchNorm, AtFourRanksTakesTheOneRankStep) {
   const std::string step = " --train-limit 32 --batch-size 32 --epochs 1 --lr 0.1 --seed 1";
-  const auto one = train(1, step + " --sync-bn", "np1_sync");
-  const auto four = train(4, step + " --sync-bn", "np4_sync");
-  const Diff sync = differ(one, four);
-  EXPECT_LE(sync.params, 1e-3);
-  EXPECT_LE(sync.buffers, 1e-3);
-  EXPECT_EQ(one.find("1.num_batches_tracked")->ints, four.find("1.num_batches_tracked")->ints);
+  const auto one = train(1, step + " --sync-bn", "np1_sync", on_);
+  for (const std::string kernels : {"", " --gpu-kernels next"}) {
+    if (!kernels.empty() && on_.name == "cpu") continue;
+    SCOPED_TRACE(kernels);
+    const auto four = train(4, step + " --sync-bn" + kernels, "np4_sync", on_);
+    const Diff sync = differ(one, four);
+    EXPECT_LE(sync.params, 1e-3);
+    EXPECT_LE(sync.buffers, 1e-3);
+    EXPECT_EQ(one.find("1.num_batches_tracked")->ints, four.find("1.num_batches_tracked")->ints);
+  }
   // Without --sync-bn the ranks' statistics are their own: the test can fail.
-  const Diff local = differ(one, train(4, step, "np4_local"));
+  const Diff local = differ(one, train(4, step, "np4_local", on_));
   EXPECT_GT(local.params, 1e-2);
   EXPECT_GT(local.buffers, 1e-2);
 }
+
+INSTANTIATE_TEST_SUITE_P(On, SyncBatchNorm, ::testing::Values("cpu", "nccl_on_one_gpu"),
+                         [](const auto& info) { return info.param; });
 
 // Killed mid-epoch and resumed: bitwise the uninterrupted run, parameters,
 // running statistics and counters alike.

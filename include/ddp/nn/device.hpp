@@ -37,12 +37,18 @@ struct OpArgs {
 };
 
 // Sums over ranks that an op needs in the middle of forward or backward
-// (SyncBatchNorm's per-channel statistics): in place, host memory, blocking,
-// collective (every rank calls it in the same order).
+// (SyncBatchNorm's per-channel statistics): in place, collective (every rank
+// calls them in the same order).
 class StatsReducer {
  public:
   virtual ~StatsReducer() = default;
+  // Host memory, blocking.
   virtual void sum(double* data, size_t n, const std::string& what) = 0;
+  // The device's memory, ordered on the device after the work issued before
+  // it and before the work issued after it, the host not waiting (a GPU's:
+  // the device communicator's, Note [device all-reduce order] in
+  // comm/device_communicator.hpp).
+  virtual void sum_on_device(double* data, size_t n, const std::string& what) = 0;
   virtual int ranks() const = 0;
   // Waits until the device has done what was issued (a GPU op about to copy
   // its sums to the host), bounded as the run's collectives are: the device

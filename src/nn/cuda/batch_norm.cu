@@ -4,9 +4,10 @@
 // runs in order: Note [batch norm sums], nn/cuda/bn_plan.hpp; fixed trees
 // either way, so results repeat bit for bit), one thread a channel turns the sums into the
 // constants (kernel_math.hpp's bn_*_channel, the CPU's very formulas), and an
-// element-wise pass applies them. With a StatsReducer over several ranks
-// the sums go to the host, are summed over ranks (SyncBatchNorm), and come
-// back. The
+// element-wise pass applies them. With a StatsReducer the sums go to the
+// host, are summed over ranks (SyncBatchNorm), and come back; with
+// --gpu-kernels next the device communicator sums them on the device, the
+// host not waiting (NCCL's all-reduce on the GPU), and one rank's not at all. The
 // deterministic mode takes the sums micro-shard by micro-shard
 // (CudaBatchNorm::channel_sums, deterministic/). With --gpu-kernels next a
 // BatchNorm also runs the ReLU or residual add after it (CudaBatchNormAct,
@@ -393,9 +394,13 @@ void channel_sums_nhwc_half_cuda(cuda::Context& ctx, const uint16_t* x, Precisio
 }
 
 void CudaBatchNorm::reduce(size_t n, const std::string& what) {
-  // One rank's sums are already every rank's: no round trip through the
-  // host (SyncBatchNorm at world size 1).
-  if (!stats_ || stats_->ranks() == 1) return;
+  if (!stats_) return;
+  if (ctx_.next_kernels()) {
+    // One rank's sums are already every rank's (SyncBatchNorm at world size
+    // 1); over several the device communicator sums them on the device.
+    if (stats_->ranks() > 1) stats_->sum_on_device(sums_, n, op_.name + ": " + what);
+    return;
+  }
   stats_->sync_device(op_.name + ": " + what);  // Note [bounded copies to the host]
   DDP_CUDA_CHECK(cudaMemcpyAsync(host_.data(), sums_, sizeof(double) * n, cudaMemcpyDeviceToHost, ctx_.compute()));
   stats_->sum(host_.data(), n, op_.name + ": " + what);

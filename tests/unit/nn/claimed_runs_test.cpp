@@ -147,8 +147,9 @@ TEST(ClaimedRuns, ARunIsOnlyOneWhoseInnerValuesNobodyElseReads) {
   for (size_t i = 0; i < g.ops.size(); ++i) {
     EXPECT_TRUE(claimable_run(g, i, 1));
     // A block's output feeds its successor's convolution and its shortcut.
-    if (g.ops[i].kind == OpKind::Add && i + 1 < g.ops.size() && g.last_reader[i + 1] != int(i + 1))
+    if (g.ops[i].kind == OpKind::Add && i + 1 < g.ops.size() && g.last_reader[i + 1] != int(i + 1)) {
       EXPECT_FALSE(claimable_run(g, i, 2)) << g.ops[i].name << "'s output has two readers";
+    }
   }
   EXPECT_FALSE(claimable_run(g, g.ops.size() - 1, 2)) << "past the last op";
   EXPECT_FALSE(claimable_run(g, 0, 0));

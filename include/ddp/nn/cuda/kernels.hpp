@@ -218,7 +218,8 @@ class CudaConvReluPool : public Kernel {
 };
 
 // torch.nn.BatchNorm2d with kernels of our own (batch_norm.cu); with a
-// StatsReducer, SyncBatchNorm (the per-channel sums go through the host).
+// StatsReducer, SyncBatchNorm (the per-channel sums summed over ranks:
+// through the host, or with --gpu-kernels next on the device).
 class CudaBatchNorm : public Kernel {
  public:
   CudaBatchNorm(const Op& op, cuda::Context& ctx, StatsReducer* stats, Layout layout = Layout::NCHW);
@@ -248,8 +249,8 @@ class CudaBatchNorm : public Kernel {
   // are backward's.
   virtual void channel_sums(const OpArgs& a, size_t width, const RunSum& sum, const std::string& what,
                             bool backward);
-  // sums_'s first n values summed over ranks when synchronised over more
-  // than one: a host round trip.
+  // sums_'s first n values summed over ranks when synchronised: a host
+  // round trip (--gpu-kernels next: on the device, and none for one rank).
   void reduce(size_t n, const std::string& what);
   // Launches the per-channel sums of `images` images from x into out
   // (device; Note [batch norm sums]): without dy, of x, or with mean of
