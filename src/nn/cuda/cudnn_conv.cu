@@ -196,10 +196,17 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   } catch (const Error& e) {
     // Where the graph API runs every direction, the legacy API is only the
     // fallback for operands off its alignment (graph_fits).
-    if (!p->graph_fwd || !p->graph_data || !p->graph_filter) throw;
+    if (!p->graph_fwd || !p->graph_data || !p->graph_filter) {
+      // The legacy API's NHWC algorithms are fewer than its NCHW ones.
+      if (layout_ == Layout::NHWC)
+        DDP_FAIL("op ", layer_, ": ", e.what(),
+                 " (--channels-last: run without it, or with --gpu-kernels next for cuDNN's graph API)");
+      throw;
+    }
     p->legacy = false;
-    ctx.warn_once("legacy-none " + conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_, layout_),
-                  detail::concat("op ", layer_, ": ", e.what(), "; cuDNN's graph API runs it"));
+    const std::string key =
+        conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_, layout_, ctx.deterministic());
+    ctx.warn_once("legacy-none " + key, detail::concat("op ", layer_, ": ", e.what(), "; cuDNN's graph API runs it"));
   }
   // Grow the shared workspace now, the one step that may wait for the device,
   // rather than inside a later forward or backward.
@@ -269,7 +276,8 @@ void CudnnConv::rank_algorithms(cuda::Context& ctx, Plan& p) {
 // context by geometry, so a layer of a geometry timed before takes its
 // choice without running anything.
 void CudnnConv::time_algorithms(cuda::Context& ctx, Plan& p, int batch) {
-  const std::string key = conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_, layout_);
+  const std::string key =
+      conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_, layout_, ctx.deterministic());
   std::vector<int>& timed = ctx.timed_algorithms()[key];
   if (timed.empty()) {
     const size_t elem = is_half(precision_) ? 2 : 4;
@@ -341,7 +349,7 @@ void CudnnConv::graph_plans(cuda::Context& ctx, Plan& p, int batch) {
   spec.precision = precision_;
   spec.pad = pad_;
   spec.stride = stride_;
-  spec.key = conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_, layout_);
+  spec.key = conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_, layout_, ctx.deterministic());
   auto make = [&](ConvDirection d, float beta) {
     spec.beta = beta;
     std::string why;
@@ -451,6 +459,8 @@ void CudnnConv::bias_grad(cuda::Context& ctx, int batch, const void* dy, float* 
   auto* parts = reinterpret_cast<double*>(bias_sums_.data());
   double* sums = parts + size_t(c) * runs;
   const int64_t rows = int64_t(batch) * hw;
+  DDP_CHECK(!is_half(precision_) || layout_ == Layout::NHWC, "op ", layer_,
+            ": a 16-bit bias gradient is summed here only over NHWC");
   if (is_half(precision_))
     channel_sums_nhwc_half_cuda(ctx, static_cast<const uint16_t*>(dy), precision_, rows, c, parts, sums);
   else if (layout_ == Layout::NHWC)

@@ -66,7 +66,7 @@ TEST(ConvAlgo, TimedDeterministicOnlyTakesTheFastestDeterministicOne) {
 }
 
 // The cache's key: the same for the same geometry, another for anything that
-// changes the convolution's timing.
+// changes the convolution's timing or which choices may run.
 TEST(ConvAlgo, PlanKeyNamesEverythingTheTimingDependsOn) {
   const Shape in{64, 28, 28};
   const std::string key = conv_plan_key(in, 128, 3, 2, 1, 256, Precision::TF32);
@@ -76,7 +76,8 @@ TEST(ConvAlgo, PlanKeyNamesEverythingTheTimingDependsOn) {
        {conv_plan_key({64, 28, 27}, 128, 3, 2, 1, 256, Precision::TF32),
         conv_plan_key(in, 64, 3, 2, 1, 256, Precision::TF32), conv_plan_key(in, 128, 1, 2, 1, 256, Precision::TF32),
         conv_plan_key(in, 128, 3, 1, 1, 256, Precision::TF32), conv_plan_key(in, 128, 3, 2, 0, 256, Precision::TF32),
-        conv_plan_key(in, 128, 3, 2, 1, 255, Precision::TF32), conv_plan_key(in, 128, 3, 2, 1, 256, Precision::F32)})
+        conv_plan_key(in, 128, 3, 2, 1, 255, Precision::TF32), conv_plan_key(in, 128, 3, 2, 1, 256, Precision::F32),
+        conv_plan_key(in, 128, 3, 2, 1, 256, Precision::TF32, Layout::NCHW, /*deterministic=*/true)})
     EXPECT_NE(other, key);
 }
 

@@ -89,13 +89,16 @@ inline TimedChoice choose_timed_algo(const std::vector<TimedAlgo>& timed, bool d
 }
 
 // Note [measured algorithms]: what identifies a convolution's timing: its
-// input, filters, stride, padding, batch, precision and, where it is not
-// NCHW, layout ("64x28x28 -> 128 k3 s2 p1, batch 256, tf32, NHWC").
+// input, filters, stride, padding, batch, precision, where it is not NCHW
+// layout, and whether only deterministic choices may run ("64x28x28 -> 128
+// k3 s2 p1, batch 256, tf32, NHWC, deterministic"): a context's choice made
+// without --deterministic is not one a deterministic context may take.
 inline std::string conv_plan_key(Shape in, int out_c, int k, int stride, int pad, int batch, Precision p,
-                                 Layout layout = Layout::NCHW) {
+                                 Layout layout = Layout::NCHW, bool deterministic = false) {
   return to_string(in) + " -> " + std::to_string(out_c) + " k" + std::to_string(k) + " s" + std::to_string(stride) +
          " p" + std::to_string(pad) + ", batch " + std::to_string(batch) + ", " + to_string(p) +
-         (layout == Layout::NCHW ? "" : std::string(", ") + to_string(layout));
+         (layout == Layout::NCHW ? "" : std::string(", ") + to_string(layout)) +
+         (deterministic ? ", deterministic" : "");
 }
 
 // Note [graph engines]: with --gpu-kernels next each direction of a
