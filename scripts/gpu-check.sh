@@ -13,15 +13,16 @@
 #       into OUT (default $OUT, else DIR/out): device.txt, tests.log,
 #       summary.txt (a line per test binary); the exit status is the tests'.
 #       The NCCL suites also run at np 2 and 4 on one GPU, each rank its
-#       own host to NCCL (launch/nccl-host-per-rank).
+#       own host to NCCL (launch/nccl-host-per-rank), and whole ddp_train
+#       runs of the kernels not yet proven over such ranks
+#       (On/DeterministicNext.*, On/SyncBatchNorm.*/nccl_on_one_gpu).
 #   scripts/gpu-check.sh learn [DIR] [OUT] there: GpuTraining's learning
 #       tests (24 training runs), in a device call of their own.
 #   scripts/gpu-check.sh nccl [DIR] [OUT] there: whole ddp_train runs over
 #       NCCL ranks sharing the GPU (test_cli's */nccl_on_one_gpu and
 #       NcclOnOneGpu.*): --deterministic bitwise at np 1, 2, 4 and across a
-#       kill and a resume, compression and SyncBatchNorm (learning, and np 4
-#       taking np 1's step), a killed, a stopped and a misconfigured rank;
-#       within 5 minutes.
+#       kill and a resume, compression and SyncBatchNorm, a killed, a stopped
+#       and a misconfigured rank; within 5 minutes.
 #   scripts/gpu-check.sh bench [DIR] [OUT] there: bench/compare_pytorch_gpu.sh
 #       for ResNet-18 and LeNet, each precision against PyTorch's like
 #       (fp32 against TF32 off, tf32 against its default, bf16 and fp16
@@ -146,7 +147,7 @@ run | learn | bench | nccl | profile)
   fi
   if [[ $mode == nccl ]]; then
     check NcclOnOneGpu "$dir/bin/test_cli" \
-      --gtest_filter='On/Deterministic.*/nccl_on_one_gpu:On/SyncBatchNorm.*/nccl_on_one_gpu:On/Reliability.*/nccl_on_one_gpu:NcclOnOneGpu.*'
+      --gtest_filter='On/Deterministic.*/nccl_on_one_gpu:On/Reliability.*/nccl_on_one_gpu:NcclOnOneGpu.*'
     exit $status
   fi
   check test_cuda "$dir/bin/test_cuda"
@@ -162,6 +163,9 @@ run | learn | bench | nccl | profile)
       "$dir/launch/nccl-host-per-rank" "$dir/bin/mpi_test_cuda" --gtest_filter="${run%:*}.*"
   done
   check GpuTraining "$dir/bin/test_cli" --gtest_filter="GpuTraining.*:-$learning"
+  # Whole runs of the kernels not yet proven over NCCL ranks sharing the GPU.
+  check NcclOnOneGpu-next "$dir/bin/test_cli" \
+    --gtest_filter='On/DeterministicNext.*:On/SyncBatchNorm.*/nccl_on_one_gpu'
   exit $status
   ;;
 *)
