@@ -18,10 +18,19 @@ namespace {
 constexpr int kThreads = 256;  // a power of two: the block sums halve it
 constexpr int kNormBlocks = 512;
 
+// unscale: the host's, or where loss_scale is given 1 / its scale; a
+// nonzero *skip leaves everything as it was (Note [loss scale on the
+// device]).
+__device__ float unscale_of(float unscale, const LossScaleState* loss_scale) {
+  return loss_scale ? 1.0f / loss_scale->scale : unscale;
+}
+
 __global__ void step_kernel(size_t n, StepScalars s, bool decay, const double* sq_norm, float max_norm,
-                            float unscale, float* __restrict__ p, const float* __restrict__ g, float* __restrict__ a,
+                            float unscale, const LossScaleState* loss_scale, const unsigned* skip,
+                            float* __restrict__ p, const float* __restrict__ g, float* __restrict__ a,
                             float* __restrict__ b) {
-  const float gscale = gradient_factor(sq_norm, max_norm, unscale);
+  if (skip && *skip) return;
+  const float gscale = gradient_factor(sq_norm, max_norm, unscale_of(unscale, loss_scale));
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     update_at(i, s, decay, gscale, p, g, a, b);
 }
@@ -36,18 +45,30 @@ __global__ void sq_partial_kernel(size_t n, const float* __restrict__ g, double*
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
-// out[0] = sum of the partials times scale_sq; out[1] += its square root (the
-// running sum).
-__global__ void sq_final_kernel(const double* __restrict__ partial, int parts, double scale_sq,
-                                double* __restrict__ out) {
+// out[0] = sum of the partials times unscale^2; out[1] += its square root
+// (the running sum) unless the step is skipped.
+__global__ void sq_final_kernel(const double* __restrict__ partial, int parts, float unscale,
+                                const LossScaleState* loss_scale, const unsigned* skip, double* __restrict__ out) {
   __shared__ double s[kThreads];
   double v = 0;
   for (int i = threadIdx.x; i < parts; i += blockDim.x) v += partial[i];
   const double total = cuda::block_sum<kThreads>(s, v);
   if (threadIdx.x == 0) {
-    out[0] = total * scale_sq;
-    out[1] += sqrt(total * scale_sq);
+    const double u = unscale_of(unscale, loss_scale);
+    out[0] = total * (u * u);
+    if (!(skip && *skip)) out[1] += sqrt(out[0]);
   }
+}
+
+__global__ void scale_by_kernel(size_t n, const LossScaleState* s, float* __restrict__ x) {
+  const float f = s->scale;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    x[i] *= f;
+}
+
+__global__ void update_scale_kernel(LossScaleState* s, const unsigned* found, double growth, double backoff,
+                                    int64_t interval) {
+  update_loss_scale(*s, *found != 0, growth, backoff, interval);
 }
 
 // *flag |= 1 where g[0, n) holds a NaN or an infinity (the flag cleared before).
@@ -67,6 +88,8 @@ class CudaKernels final : public Kernels {
     DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial_), kNormBlocks * sizeof(double), stream_));
     DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&out_), 2 * sizeof(double), stream_));
     DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&flag_), sizeof(unsigned), stream_));
+    DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scale_), sizeof(LossScaleState), stream_));
+    set_loss_scale(LossScaleState{});
     DDP_CUDA_CHECK(cudaMemsetAsync(out_, 0, 2 * sizeof(double), stream_));
   }
   ~CudaKernels() override {
@@ -75,6 +98,7 @@ class CudaKernels final : public Kernels {
     cudaFreeAsync(partial_, stream_);
     cudaFreeAsync(out_, stream_);
     cudaFreeAsync(flag_, stream_);
+    cudaFreeAsync(scale_, stream_);
   }
 
   void step(const StepArgs& a) override {
@@ -83,14 +107,16 @@ class CudaKernels final : public Kernels {
     if (a.n == 0) return;
     DDP_CHECK(a.p && a.g, "optimizer step: null parameters or gradients");
     const unsigned grid = unsigned(std::min<size_t>((a.n + kThreads - 1) / kThreads, 8192));
-    step_kernel<<<grid, kThreads, 0, stream_>>>(a.n, a.s, a.decay, a.sq_norm, a.max_norm, a.unscale, a.p, a.g, a.a, a.b);
+    step_kernel<<<grid, kThreads, 0, stream_>>>(a.n, a.s, a.decay, a.sq_norm, a.max_norm, a.unscale, a.loss_scale,
+                                                a.skip, a.p, a.g, a.a, a.b);
     DDP_CUDA_CHECK_LAUNCH(step_kernel);
   }
 
-  const double* sq_norm(const float* g, size_t n, float unscale) override {
+  const double* sq_norm(const float* g, size_t n, float unscale, const LossScaleState* loss_scale,
+                        const unsigned* skip) override {
     sq_partial_kernel<<<kNormBlocks, kThreads, 0, stream_>>>(n, g, partial_);
     DDP_CUDA_CHECK_LAUNCH(sq_partial_kernel);
-    sq_final_kernel<<<1, kThreads, 0, stream_>>>(partial_, kNormBlocks, double(unscale) * double(unscale), out_);
+    sq_final_kernel<<<1, kThreads, 0, stream_>>>(partial_, kNormBlocks, unscale, loss_scale, skip, out_);
     DDP_CUDA_CHECK_LAUNCH(sq_final_kernel);
     return out_;
   }
@@ -112,11 +138,28 @@ class CudaKernels final : public Kernels {
     return flag_;
   }
 
+  const LossScaleState* loss_scale() override { return scale_; }
+  void set_loss_scale(const LossScaleState& s) override {
+    // From pageable memory: returns once s is staged.
+    DDP_CUDA_CHECK(cudaMemcpyAsync(scale_, &s, sizeof s, cudaMemcpyHostToDevice, stream_));
+  }
+  void scale_by_loss_scale(float* x, size_t n) override {
+    if (n == 0) return;
+    const unsigned grid = unsigned(std::min<size_t>((n + kThreads - 1) / kThreads, 4096));
+    scale_by_kernel<<<grid, kThreads, 0, stream_>>>(n, scale_, x);
+    DDP_CUDA_CHECK_LAUNCH(scale_by_kernel);
+  }
+  void update_loss_scale(const unsigned* found, const ScalerOptions& o) override {
+    update_scale_kernel<<<1, 1, 0, stream_>>>(scale_, found, o.growth_factor, o.backoff_factor, o.growth_interval);
+    DDP_CUDA_CHECK_LAUNCH(update_scale_kernel);
+  }
+
  private:
   cudaStream_t stream_;
   double* partial_ = nullptr;
   double* out_ = nullptr;  // the last squared norm, the running sum of norms
   unsigned* flag_ = nullptr;  // non_finite's
+  LossScaleState* scale_ = nullptr;  // Note [loss scale on the device]
 };
 
 }  // namespace

@@ -58,9 +58,25 @@ Optimizer::Optimizer(const Options& o, const std::vector<nn::TensorInfo>& params
 
 void Optimizer::step(double lr, float* p, const float* g, float unscale) {
   StepArgs a;
+  a.unscale = unscale;
+  run(lr, p, g, a);
+}
+
+void Optimizer::step(double lr, float* p, const float* g, const LossScaleState* loss_scale, const unsigned* skip) {
+  StepArgs a;
+  a.loss_scale = loss_scale;
+  a.skip = skip;
+  run(lr, p, g, a);
+}
+
+void Optimizer::unstep() {
+  DDP_CHECK(step_ > 0, "optimizer: no step to take back");
+  --step_;
+}
+
+void Optimizer::run(double lr, float* p, const float* g, StepArgs a) {
   a.p = p;
   a.g = g;
-  a.unscale = unscale;
   StepScalars& s = a.s;
   s.kind = opt_.kind;
   s.lr = static_cast<float>(lr);
@@ -84,7 +100,7 @@ void Optimizer::step(double lr, float* p, const float* g, float unscale) {
     a.b = buffers_[1]->data();
   }
   if (opt_.max_grad_norm > 0) {
-    a.sq_norm = kernels_.sq_norm(g, n_, unscale);
+    a.sq_norm = kernels_.sq_norm(g, n_, a.unscale, a.loss_scale, a.skip);
     a.max_norm = static_cast<float>(opt_.max_grad_norm);
   }
   for (const Run& r : runs_) {

@@ -53,7 +53,8 @@ bool check_step(comm::Communicator& comm, const StepHealth& health, const optim:
     // scale.
     if (scaler->scale() < kMinLossScale)
       throw CollectiveError(detail::concat(
-          "training diverged at epoch ", epoch + 1, ", step ", step, " (global step ", global_step,
+          "training diverged at epoch ", epoch + 1, ", step ", step - health.steps_ago, " (global step ",
+          global_step - health.steps_ago,
           "): --precision fp16's loss scale fell to ", scaler->scale(),
           ", every step skipped for non-finite gradients; nothing of it was saved. A smaller --lr, or "
           "--precision bf16, may help"));

@@ -122,6 +122,10 @@ Sums Trainer::take_sums(Epoch& e) {
 // The epoch's figures over all ranks, and its evaluation.
 EpochRecord Trainer::finish_epoch(Epoch& e) {
   comm::Communicator& comm = replica_->comm();
+  // The last step's outcome where the loss scale's decisions are the
+  // device's (Note [loss scale on the device]).
+  if (check_step(comm, replica_->settle(), replica_->scaler(), e.index, e.step, position_.global_step))
+    ++e.skipped_steps;
   take_sums(e);  // waits for the device: the epoch's time includes all its work
   double train_sec = seconds_since(e.t0);
   comm.allreduce_doubles(&train_sec, 1, /*max=*/true, "epoch time");

@@ -9,7 +9,8 @@
 
 #include "ddp/core/abandon.hpp"  // abandon: buffers an in-flight collective may write
 #include "ddp/core/error.hpp"
-#include "replica_parts.hpp"  // Stats, Exact
+#include "device_loss_scale.hpp"  // DeviceLossScale: Note [loss scale on the device]
+#include "replica_parts.hpp"        // Stats, Exact
 
 namespace ddp::train {
 
@@ -42,6 +43,8 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
   for (const auto& p : g.params) names.push_back(p.name);
   reducer_->set_param_names(std::move(names));
   optimizer_ = std::make_unique<optim::Optimizer>(opt, g.params, dev, backend_->optim_kernels());
+  if (scaler_ && backend_->loss_scale_on_device() && !exact_)
+    device_scale_ = std::make_unique<DeviceLossScale>(*backend_, *scaler_, *optimizer_);
   classes_ = static_cast<int>(g.output_shape().numel());
   dlogits_ = dev.alloc(size_t(cfg.batch_size) * size_t(classes_));
 }
@@ -60,9 +63,11 @@ void Replica::push(const TrainState& s) {
   optimizer_->set_state(s.optimizer);
   if (exact_ && !s.grad_exponents.empty()) exact_->sum->set_exponents(s.grad_exponents);
   if (scaler_ && s.loss_scale > 0) scaler_->set_state(s.loss_scale, s.scaler_growth_tracker);
+  if (device_scale_) device_scale_->push();
 }
 
 void Replica::pull(TrainState& s) {
+  if (device_scale_) device_scale_->catch_up();
   backend_->sync("reading the model back");
   model_->get_state(s.model);
   optimizer_->get_state(s.optimizer);
@@ -113,21 +118,30 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
   }
   {
     TraceScope span(trace_, Trace::kStep, "optimizer", "optimizer");
-    // fp16's scaler looks at every step's gradients on every device, as
-    // GradScaler.step does (it reads found_inf on the host).
-    if (health.grads_finite && (backend_->checks_every_step() || scaler_))
-      health.grads_finite = backend_->all_finite(model_->grads(), model_->num_params());
-    if (health.grads_finite)
-      optimizer_->step(lr, model_->params(), model_->grads(), scaler_ ? 1.0f / scaler_->scale() : 1.0f);
-    if (scaler_) {
-      health.skipped = !health.grads_finite;
-      scaler_->update(health.skipped);
-    }
+    if (device_scale_)
+      device_scale_->step(lr, model_->params(), model_->grads(), model_->num_params(), health);
+    else
+      checked_step(lr, health);
     backend_->batch_done();
   }
   lap(times_.optimizer);
   sums_.samples += b.size;
   return health;
+}
+
+// The optimizer's step where the host looks at the gradients first (where
+// it does: replica.hpp, train_step).
+void Replica::checked_step(double lr, StepHealth& health) {
+  // fp16's scaler looks at every step's gradients on every device, as
+  // GradScaler.step does (it reads found_inf on the host).
+  if (health.grads_finite && (backend_->checks_every_step() || scaler_))
+    health.grads_finite = backend_->all_finite(model_->grads(), model_->num_params());
+  if (health.grads_finite)
+    optimizer_->step(lr, model_->params(), model_->grads(), scaler_ ? 1.0f / scaler_->scale() : 1.0f);
+  if (scaler_) {
+    health.skipped = !health.grads_finite;
+    scaler_->update(health.skipped);
+  }
 }
 
 void Replica::reduced_passes(const float* x, const int32_t* y, int batch, size_t sample, StepHealth& health,
@@ -173,8 +187,14 @@ void Replica::reduced_passes(const float* x, const int32_t* y, int batch, size_t
 }
 
 void Replica::scale_dlogits(int batch) {
-  if (scaler_) backend_->device().scale(dlogits_->data(), size_t(batch) * size_t(classes_), scaler_->scale());
+  const size_t n = size_t(batch) * size_t(classes_);
+  if (device_scale_)
+    device_scale_->scale(dlogits_->data(), n);
+  else if (scaler_)
+    backend_->device().scale(dlogits_->data(), n, scaler_->scale());
 }
+
+StepHealth Replica::settle() { return device_scale_ ? device_scale_->settle() : StepHealth{}; }
 
 void Replica::eval_batch(const data::Batch& b) {
   const auto [x, y] = backend_->stage(b);

@@ -18,8 +18,9 @@ namespace {
 
 class CpuBackend final : public Backend, public ExactBackend {
  public:
-  CpuBackend(std::unique_ptr<comm::Communicator> comm, int threads)
-      : comm_(std::move(comm)), threads_(threads > 0 ? threads : nn::default_threads()) {}
+  CpuBackend(std::unique_ptr<comm::Communicator> comm, int threads, bool loss_scale_on_device)
+      : comm_(std::move(comm)), threads_(threads > 0 ? threads : nn::default_threads()),
+        loss_scale_on_device_(loss_scale_on_device) {}
 
   std::string device_name() const override { return "cpu"; }
   int threads() const override { return threads_; }
@@ -59,6 +60,9 @@ class CpuBackend final : public Backend, public ExactBackend {
   bool checks_every_step() const override { return true; }
   bool all_finite(const float* p, size_t n) override { return *kernels_->non_finite(p, n) == 0; }
   optim::Kernels& optim_kernels() override { return *kernels_; }
+  bool loss_scale_on_device() const override { return loss_scale_on_device_; }
+  void flag_to_host(const unsigned* flag) override { flag_ = *flag; }
+  bool flag_on_host(const std::string&) override { return flag_ != 0; }
 
  private:
   std::unique_ptr<comm::Communicator> comm_;
@@ -67,12 +71,15 @@ class CpuBackend final : public Backend, public ExactBackend {
   std::unique_ptr<optim::Kernels> kernels_ = optim::make_cpu_kernels();
   Sums sums_;  // loss, correct, eval_correct
   bool exact_loss_ = false;
+  bool loss_scale_on_device_;
+  unsigned flag_ = 0;  // flag_to_host's
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<comm::Communicator> comm, int threads) {
-  return std::make_unique<CpuBackend>(std::move(comm), threads);
+std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<comm::Communicator> comm, int threads,
+                                          bool loss_scale_on_device) {
+  return std::make_unique<CpuBackend>(std::move(comm), threads, loss_scale_on_device);
 }
 
 }  // namespace ddp::train

@@ -119,6 +119,8 @@ class CudaBackend final : public Backend, public ExactBackend {
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
       DDP_CUDA_CHECK(cudaEventCreateWithFlags(&s.free, cudaEventDisableTiming));
     }
+    DDP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&flag_host_), sizeof(unsigned)));
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&flag_copied_, cudaEventDisableTiming));
     // Last: a constructor that throws destroys comm_, which the hook must
     // not outlive.
     if (watchdog) watchdog->on_abort([c = comm_.get()] { c->abort_now(); });
@@ -162,6 +164,8 @@ class CudaBackend final : public Backend, public ExactBackend {
       if (s.copied) cudaEventDestroy(s.copied);
       if (s.free) cudaEventDestroy(s.free);
     }
+    if (flag_host_) cudaFreeHost(flag_host_);
+    if (flag_copied_) cudaEventDestroy(flag_copied_);
     if (sums_ && ctx_) cudaFreeAsync(sums_, ctx_->compute());
   }
 
@@ -280,9 +284,23 @@ class CudaBackend final : public Backend, public ExactBackend {
 
   optim::Kernels& optim_kernels() override { return *kernels_; }
 
+  // Note [loss scale on the device]: with --gpu-kernels next until a GPU has
+  // run it.
+  bool loss_scale_on_device() const override { return ctx_->next_kernels(); }
+  void flag_to_host(const unsigned* flag) override {
+    DDP_CUDA_CHECK(cudaMemcpyAsync(flag_host_, flag, sizeof(unsigned), cudaMemcpyDeviceToHost, ctx_->compute()));
+    DDP_CUDA_CHECK(cudaEventRecord(flag_copied_, ctx_->compute()));
+  }
+  bool flag_on_host(const std::string& what) override {
+    wait_event(flag_copied_, what.c_str());
+    return *flag_host_ != 0;
+  }
+
  private:
-  // A bounded host wait on one event (the copy stream has no collectives, so
-  // the communicator has nothing to watch; the timeout still bounds it).
+  // A bounded host wait on one event: the copy stream's, which has no
+  // collectives for the communicator to watch, or the compute stream's
+  // flag_copied_, whose collectives the watchdog watches; the timeout
+  // bounds both.
   void wait_event(cudaEvent_t ev, const char* what) {
     const auto deadline = std::chrono::steady_clock::now() + comm_->timeout();
     for (int spins = 0;; ++spins) {
@@ -310,6 +328,8 @@ class CudaBackend final : public Backend, public ExactBackend {
   static_assert(kCorrect == kLoss + 1, "the loss kernel's layout");
   double* sums_ = nullptr;
   std::array<PinnedSlot, 2> slots_;
+  unsigned* flag_host_ = nullptr;  // pinned: flag_to_host's four bytes
+  cudaEvent_t flag_copied_ = nullptr;
   size_t next_slot_ = 0, current_ = 0;
   bool exact_loss_ = false;  // --deterministic
 };

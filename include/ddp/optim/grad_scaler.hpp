@@ -12,7 +12,10 @@
 // finite float). The state (the scale, the count) is in checkpoints.
 #pragma once
 
+#include <cfloat>
 #include <cstdint>
+
+#include "ddp/core/host_device.hpp"  // DDP_HOST_DEVICE
 
 namespace ddp::optim {
 
@@ -22,6 +25,29 @@ struct ScalerOptions {
   int64_t growth_interval = 2000;
 };
 
+// The scaler's state, in host or device memory (Note [loss scale on the
+// device], train/device_loss_scale.hpp).
+struct LossScaleState {
+  float scale = 65536.0f;
+  int64_t tracker = 0;  // good steps since the scale last changed
+};
+
+// After a step whose averaged gradients were (not) all finite, as
+// at::_amp_update_scale_: the scale is a float, the factors doubles. The
+// host's GradScaler and the GPU's kernel both move the scale with it.
+DDP_HOST_DEVICE inline void update_loss_scale(LossScaleState& s, bool found_inf, double growth_factor,
+                                              double backoff_factor, int64_t growth_interval) {
+  if (found_inf) {
+    s.scale = static_cast<float>(s.scale * backoff_factor);
+    s.tracker = 0;
+    return;
+  }
+  if (++s.tracker < growth_interval) return;
+  const float grown = static_cast<float>(s.scale * growth_factor);
+  if (grown <= FLT_MAX) s.scale = grown;  // finite (the scale is positive)
+  s.tracker = 0;
+}
+
 class GradScaler {
  public:
   // Throws ddp::Error for an option out of range (a scale that is not a
@@ -29,8 +55,9 @@ class GradScaler {
   // interval < 1).
   explicit GradScaler(const ScalerOptions& o);
 
-  float scale() const { return scale_; }
-  int64_t growth_tracker() const { return tracker_; }
+  float scale() const { return state_.scale; }
+  int64_t growth_tracker() const { return state_.tracker; }
+  const LossScaleState& state() const { return state_; }
   const ScalerOptions& options() const { return opt_; }
 
   // After a step whose averaged gradients were (not) all finite.
@@ -41,8 +68,7 @@ class GradScaler {
 
  private:
   ScalerOptions opt_;
-  float scale_;
-  int64_t tracker_ = 0;
+  LossScaleState state_;
 };
 
 }  // namespace ddp::optim

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <memory>
 
+#include "ddp/optim/grad_scaler.hpp"  // LossScaleState, ScalerOptions
 #include "ddp/optim/update_math.hpp"  // StepScalars
 
 #if DDP_HAVE_CUDA
@@ -32,6 +33,12 @@ struct StepArgs {
   // --precision fp16's loss scale: GradScaler's unscale), clipping's norm
   // being of the unscaled gradients.
   float unscale = 1.0f;
+  // Note [loss scale on the device] (train/device_loss_scale.hpp): where
+  // set, unscale is 1 / loss_scale->scale, read where the step runs (the
+  // host's 1.0f / scale), and where *skip is nonzero the step leaves every
+  // element as it was.
+  const LossScaleState* loss_scale = nullptr;
+  const unsigned* skip = nullptr;
 };
 
 class Kernels {
@@ -41,8 +48,11 @@ class Kernels {
   // The squared L2 norm of unscale * g[0, n), summed in an order fixed by n
   // alone (so every rank, holding the same averaged gradients, gets the same
   // bits), left in device memory this object owns, valid until the next
-  // call. The norm is also added to a running sum (take_norm_sum).
-  virtual const double* sq_norm(const float* g, size_t n, float unscale = 1.0f) = 0;
+  // call. The norm is also added to a running sum (take_norm_sum). With
+  // loss_scale and skip, as StepArgs': unscale from loss_scale, and a
+  // skipped step's norm not added.
+  virtual const double* sq_norm(const float* g, size_t n, float unscale = 1.0f,
+                                const LossScaleState* loss_scale = nullptr, const unsigned* skip = nullptr) = 0;
   // The norms summed since the last call; waits for the device.
   virtual double take_norm_sum() = 0;
   // Whether g[0, n) holds a NaN or an infinity (fp16's loss scaler's
@@ -50,6 +60,15 @@ class Kernels {
   // owns (the device's), valid until the next call. On a GPU the host then
   // reads four bytes, not the gradients.
   virtual const unsigned* non_finite(const float* g, size_t n) = 0;
+
+  // Note [loss scale on the device]: fp16's loss scaler's state in memory
+  // this object owns (the device's), set from the host, multiplying d(loss)
+  // and moved after each step by update_loss_scale's rule, found_inf being
+  // *found != 0 (non_finite's flag), all in the device's order.
+  virtual const LossScaleState* loss_scale() = 0;
+  virtual void set_loss_scale(const LossScaleState& s) = 0;
+  virtual void scale_by_loss_scale(float* x, size_t n) = 0;
+  virtual void update_loss_scale(const unsigned* found, const ScalerOptions& o) = 0;
 };
 
 std::unique_ptr<Kernels> make_cpu_kernels();

@@ -61,6 +61,13 @@ class Optimizer {
   // One step at learning rate lr: p -= update(unscale * g), every element
   // (unscale: the inverse of the loss scale, optim/grad_scaler.hpp).
   void step(double lr, float* p, const float* g, float unscale = 1.0f);
+  // Note [loss scale on the device] (train/device_loss_scale.hpp): the same,
+  // unscale read from loss_scale where the step runs, and every element left
+  // as it was where *skip is nonzero; counted as a step until unstep() says
+  // it was skipped.
+  void step(double lr, float* p, const float* g, const LossScaleState* loss_scale, const unsigned* skip);
+  // The last step was skipped on the device: it is not counted.
+  void unstep();
   // The gradient norms (before clipping) summed over the steps since the
   // last call; 0 without clipping.
   double take_norm_sum() { return opt_.max_grad_norm > 0 ? kernels_.take_norm_sum() : 0.0; }
@@ -74,6 +81,8 @@ class Optimizer {
     size_t begin, end;
     bool decay;
   };
+  // A step with a's unscale, loss scale and skip.
+  void run(double lr, float* p, const float* g, StepArgs a);
   Options opt_;
   nn::Device& dev_;
   Kernels& kernels_;

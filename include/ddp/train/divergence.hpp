@@ -14,7 +14,8 @@ namespace ddp::train {
 // the step just taken): throws when its averaged gradients are not finite
 // (naming the ranks whose loss was not, where the host has it: a collective
 // then), or when --precision fp16's scaler skipped it and its scale has
-// fallen so low that the gradients are not finite at any scale. Returns
+// fallen so low that the gradients are not finite at any scale (the step
+// health.steps_ago before it: Note [loss scale on the device]). Returns
 // whether the scaler skipped it.
 bool check_step(comm::Communicator& comm, const StepHealth& health, const optim::GradScaler* scaler, int64_t epoch,
                 int64_t step, int64_t global_step);

@@ -58,8 +58,11 @@ struct StepHealth {
   bool grads_finite = true;
   bool loss_finite = true;
   // --precision fp16: the gradients were not finite and the loss scaler
-  // skipped the step (every rank alike), halving its scale.
+  // skipped the step (every rank alike), halving its scale: this step, or
+  // with the loss scale on the device the one `steps_ago` steps before
+  // (Note [loss scale on the device], src/train/device_loss_scale.hpp).
   bool skipped = false;
+  int steps_ago = 0;
   double loss = 0;  // this rank's mean loss of the step, where loss_known
   // Whether the host has the step's loss (a GPU keeps it on the device until
   // take_sums).
@@ -127,6 +130,14 @@ class Backend {
   virtual bool all_finite(const float* p, size_t n) = 0;
   // The optimizer's kernels on this device.
   virtual optim::Kernels& optim_kernels() = 0;
+  // Note [loss scale on the device] (src/train/device_loss_scale.hpp):
+  // whether --precision fp16's loss scaler decides on the device; a flag's
+  // four bytes of device memory copied toward the host without waiting, and
+  // the last one read there (waiting, bounded, only where the device has not
+  // got there yet).
+  virtual bool loss_scale_on_device() const = 0;
+  virtual void flag_to_host(const unsigned* flag) = 0;
+  virtual bool flag_on_host(const std::string& what) = 0;
 
   // What the start-up table says of the device beyond its name (GPUs:
   // model, memory, bus id, driver and NCCL versions); "" for none.
@@ -142,8 +153,11 @@ class Backend {
 
 // The CPU backend: host memory, the MPI communicator, the kernels on
 // `threads` threads (0: as many as World gave OpenBLAS, this rank's share of
-// the cores).
-std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<comm::Communicator> comm, int threads = 0);
+// the cores). loss_scale_on_device: fp16's scaler decides as a GPU's with
+// --gpu-kernels next does (Note [loss scale on the device]), the GPU's flow
+// on the host, which gains nothing from it; for its tests.
+std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<comm::Communicator> comm, int threads = 0,
+                                          bool loss_scale_on_device = false);
 
 #if DDP_HAVE_CUDA
 // The GPU backend on device index `gpu` (chosen by choose_gpu,
@@ -157,6 +171,8 @@ std::unique_ptr<Backend> make_cuda_backend(const World& world, const Config& cfg
                                            std::unique_ptr<comm::Communicator> host_comm,
                                            comm::Watchdog* watchdog);
 #endif
+
+class DeviceLossScale;  // src/train/device_loss_scale.hpp
 
 class Replica {
  public:
@@ -173,7 +189,8 @@ class Replica {
   const Reducer& reducer() const { return *reducer_; }
   const nn::Graph& graph() const { return model_->graph(); }
   const optim::Optimizer& optimizer() const { return *optimizer_; }
-  // --precision fp16's loss scaler, nullptr without it.
+  // --precision fp16's loss scaler, nullptr without it (with the loss
+  // scale on the device, one step behind until settle()).
   const optim::GradScaler* scaler() const { return scaler_.get(); }
 
   // Host state: set (push) and read back (pull). pull waits for the device.
@@ -190,9 +207,14 @@ class Replica {
   // as they were and grads_finite is false (checked every step where the
   // backend can afford it, the CPU, under --deterministic on any device,
   // whose sum sees it anyway, and under --precision fp16, whose scaler then
-  // skips the step; else a GPU's divergence shows in the epoch's loss and in
-  // the parameters checked before each save).
+  // skips the step, the device deciding where the loss scale is on the
+  // device and the step after reporting it; else a GPU's divergence shows
+  // in the epoch's loss and in the parameters checked before each save).
   StepHealth train_step(const data::Batch& batch, double lr);
+  // Note [loss scale on the device]: the last step's outcome where no
+  // train_step has reported it yet (waits for the device); a finite,
+  // unskipped health otherwise, and always where the scale is the host's.
+  StepHealth settle();
   // The parts of the last train_step's time.
   const StepTimes& step_times() const { return times_; }
   // The step's parts, each op and each bucket's all-reduce as spans of
@@ -224,6 +246,9 @@ class Replica {
   void exact_passes(const float* x, const int32_t* y, int batch, StepHealth& health,
                     const std::function<void(double&)>& lap);
   const float* exact_eval_forward(const float* x, int batch);
+  // The optimizer's step, the host checking the gradients first where it
+  // does (and fp16's scaler on the host).
+  void checked_step(double lr, StepHealth& health);
   // --precision fp16: d(loss)/d(logits) of `batch` samples times the loss
   // scale (the scaled loss's backward, optim/grad_scaler.hpp).
   void scale_dlogits(int batch);
@@ -234,6 +259,7 @@ class Replica {
   std::unique_ptr<Exact> exact_;  // --deterministic
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::GradScaler> scaler_;  // --precision fp16
+  std::unique_ptr<DeviceLossScale> device_scale_;  // its decisions on the device
   std::unique_ptr<nn::Array> dlogits_;
   int classes_ = 0, accumulate_ = 1;
   StepTimes times_;

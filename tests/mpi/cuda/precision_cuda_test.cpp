@@ -17,5 +17,17 @@ TEST(GpuLossScale, AnOverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
   test::expect_overflow_skipped_and_halved(ddp::test::gpu_world(), ddp::test::gpu_backend);
 }
 
+// With --gpu-kernels next the decisions are the device's (Note [loss scale
+// on the device]): the same skips and halvings.
+TEST(GpuLossScale, OnTheDeviceAnOverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
+  std::string why;
+  if (cuda::device_count(&why) == 0) GTEST_SKIP() << "no CUDA device (" << why << ")";
+  test::expect_overflow_skipped_and_halved(ddp::test::gpu_world(), [](const World& w, const Config& cfg) {
+    Config next = cfg;
+    next.gpu_kernels = "next";
+    return ddp::test::gpu_backend(w, next);
+  });
+}
+
 }  // namespace
 }  // namespace ddp::train

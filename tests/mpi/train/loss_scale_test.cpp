@@ -18,6 +18,62 @@ TEST(LossScale, AnOverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
   });
 }
 
+// The GPU's flow with --gpu-kernels next (Note [loss scale on the device]),
+// on the host: the same skips and halvings.
+TEST(LossScale, OnTheDeviceAnOverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
+  test::expect_overflow_skipped_and_halved(ddp::test::test_world(), [](const World& w, const Config&) {
+    return make_cpu_backend(comm::make_mpi_communicator(w), 0, /*loss_scale_on_device=*/true);
+  });
+}
+
+// Note [loss scale on the device]: the decisions made on the device and read
+// a step late take every step the host's do, bit for bit: parameters,
+// AdamW's moments and step count (its bias corrections), the clipping
+// norms, the scale and its count, through skips (a scale of 2^26 overflows
+// at first) and growth (every 3 good steps), clipped.
+TEST(LossScale, DecisionsOnTheDeviceAreTheHostsBitForBit) {
+  const World w = ddp::test::test_world();
+  const nn::Graph g = nn::model_graph("lenet", {1, 28, 28}, 10);
+  Config cfg;
+  cfg.batch_size = test::kLossScalePerRank * w.size;
+  cfg.precision = "fp16";
+  cfg.init_scale = 0x1p26;
+  cfg.growth_interval = 3;
+  cfg.optimizer = "adamw";
+  cfg.clip_grad_norm = 0.1;  // below the norms: every step clips
+  TrainState start;
+  start.model = nn::init_state(g, 7);
+  struct Run {
+    TrainState end;
+    int64_t skipped = 0;
+    double norms = 0;
+  };
+  auto run = [&](bool on_device) {
+    Replica replica(cfg, optimizer_options(cfg), make_cpu_backend(comm::make_mpi_communicator(w), 0, on_device), g);
+    replica.push(start);
+    Run r;
+    for (int step = 0; step < 16; ++step) {
+      const StepHealth h = replica.train_step(loss_scale_batch(w.rank, step), 1e-3);
+      EXPECT_EQ(h.steps_ago, on_device && step > 0 ? 1 : 0) << "step " << step;
+      r.skipped += h.skipped;
+    }
+    r.skipped += replica.settle().skipped;
+    r.norms = replica.take_sums().grad_norm;
+    replica.pull(r.end);
+    return r;
+  };
+  const Run host = run(false), device = run(true);
+  EXPECT_GE(host.skipped, 3) << "2^26 overflows fp16 for a few halvings";
+  EXPECT_LE(host.skipped, 12) << "and then steps fit, and the scale grows";
+  EXPECT_EQ(device.skipped, host.skipped);
+  EXPECT_EQ(device.norms, host.norms);
+  EXPECT_EQ(device.end.model.params, host.end.model.params);
+  EXPECT_EQ(device.end.optimizer.step, host.end.optimizer.step);
+  EXPECT_EQ(device.end.optimizer.buffers, host.end.optimizer.buffers);
+  EXPECT_EQ(device.end.loss_scale, host.end.loss_scale);
+  EXPECT_EQ(device.end.scaler_growth_tracker, host.end.scaler_growth_tracker);
+}
+
 // Small gradients survive the scale: of the parameters an fp32 step moves,
 // fp16 with its default scale leaves far fewer in place (their gradients
 // underflowed to zero) than fp16 with a scale of 1.
