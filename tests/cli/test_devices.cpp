@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "ddp/checkpoint/checkpoint.hpp"  // read_safetensors
 #include "run_outputs.hpp"  // visible_gpus
@@ -347,6 +349,37 @@ TEST_F(GpuTraining, MetricsCarryGpuMemoryAndUtilisation) {
     EXPECT_EQ(m.at("peak_rss_mib").size(), 1u) << line;
   }
   EXPECT_NE(r.out.find("; GPU memory MiB "), std::string::npos) << r.out;
+  remove_tree(dir);
+}
+
+// --precision fp16 with --gpu-kernels next (Note [loss scale on the
+// device]): a scale of 2^30 overflows the first dozen steps; the device's
+// decisions, read a step late, skip as many as the host's do (within one:
+// other convolution kernels round the gradients' last bits), in the epoch
+// they fell in, and leave the same scale.
+TEST_F(GpuTraining, Fp16LossScaleOnTheDeviceSkipsAsTheHostDoes) {
+  const std::string dir = make_temp_dir();
+  const std::string args = "--synthetic 2048 --epochs 2 --batch-size 128 --lr 0.1 --seed 5 --quiet --device cuda "
+                           "--precision fp16 --init-scale 1073741824";
+  std::vector<json> epochs[2];
+  for (int k = 0; k < 2; ++k) {
+    const std::string metrics = dir + "/m" + std::to_string(k) + ".jsonl";
+    auto r = run_ddp_train(1, args + " --metrics-out " + metrics + (k ? " --gpu-kernels next" : ""));
+    ASSERT_EQ(r.status, 0) << r.err;
+    for (const auto& line : lines_of(read_text(metrics))) epochs[k].push_back(json::parse(line));
+    ASSERT_EQ(epochs[k].size(), 2u) << read_text(metrics);
+  }
+  for (size_t e = 0; e < 2; ++e) {
+    SCOPED_TRACE("epoch " + std::to_string(e + 1));
+    const int64_t host = epochs[0][e]["skipped_steps"].get<int64_t>();
+    const int64_t device = epochs[1][e]["skipped_steps"].get<int64_t>();
+    if (e == 0) {
+      EXPECT_GE(host, 5);
+    }
+    EXPECT_LE(std::abs(device - host), 1);
+    const double a = epochs[0][e]["loss_scale"].get<double>(), b = epochs[1][e]["loss_scale"].get<double>();
+    EXPECT_TRUE(b == a || b == 2 * a || 2 * b == a) << a << " and " << b;
+  }
   remove_tree(dir);
 }
 
