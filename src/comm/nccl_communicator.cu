@@ -292,7 +292,7 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
     const std::string desc = allreduce_label(what, count, wire);
     DDP_CHECK(data != nullptr || count == 0, desc, ": null buffer");
     state_->check_usable(desc);
-    if (count == 0) return std::make_shared<DoneWork>();
+    if (count == 0 || (!half && alone())) return std::make_shared<DoneWork>();
     auto w = ordered_work(desc);
     uint16_t* buf = nullptr;
     if (half) {
@@ -347,13 +347,16 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
   }
 
  private:
+  // One rank's sum and mean are its values: with --gpu-kernels next no
+  // collective is issued for them (a 16-bit all-reduce still rounds them).
+  bool alone() const { return size_ == 1 && ctx_.next_kernels(); }
   // An in-place ncclSum of count values of `type` (`size` bytes, `name`).
   std::shared_ptr<Work> sum_async(void* data, size_t count, ncclDataType_t type, size_t size, const char* name,
                                   const std::string& what) {
     const std::string desc = detail::concat(what, " (", format_bytes(count * size), " as ", name, ")");
     DDP_CHECK(data != nullptr || count == 0, desc, ": null buffer");
     state_->check_usable(desc);
-    if (count == 0) return std::make_shared<DoneWork>();
+    if (count == 0 || alone()) return std::make_shared<DoneWork>();
     auto w = ordered_work(desc);
     issue(desc, [&] { DDP_NCCL_CHECK(ncclAllReduce(data, data, count, type, ncclSum, state_->comm, ctx_.comm())); });
     DDP_CUDA_CHECK(cudaEventRecord(w->done_event(), ctx_.comm()));

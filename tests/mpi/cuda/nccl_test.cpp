@@ -50,6 +50,16 @@ TEST_F(GpuNccl, DoubleSumsAreExact) {
   test::check_doubles(*comm_, g_->ctx);
 }
 
+// --gpu-kernels next: one rank issues no collective for its own sums; the
+// results are the same.
+TEST_F(GpuNccl, NextKernelsSumAsTheProvenOnes) {
+  g_->ctx.set_next_kernels(true);
+  test::check_sizes(*comm_, g_->ctx);
+  test::check_int64(*comm_, g_->ctx);
+  test::check_doubles(*comm_, g_->ctx);
+  test::check_in_flight(*comm_, g_->ctx);
+}
+
 TEST_F(GpuNccl, SeveralInFlightCompleteInIssueOrder) {
   test::check_in_flight(*comm_, g_->ctx);
 }
