@@ -7,8 +7,8 @@
 // element-wise pass applies them. With a StatsReducer the sums go to the
 // host, are summed over ranks (SyncBatchNorm), and come back; with
 // --gpu-kernels next the device communicator sums them on the device, the
-// host not waiting (NCCL's all-reduce on the GPU), and one rank's not at all. The
-// deterministic mode takes the sums micro-shard by micro-shard
+// host not waiting (NCCL's all-reduce on the GPU), and one rank's not at
+// all. The deterministic mode takes the sums micro-shard by micro-shard
 // (CudaBatchNorm::channel_sums, deterministic/). With --gpu-kernels next a
 // BatchNorm also runs the ReLU or residual add after it (CudaBatchNormAct,
 // Note [claimed runs] in nn/model.hpp): one pass forward and one backward
