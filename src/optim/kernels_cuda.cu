@@ -18,6 +18,11 @@ namespace {
 constexpr int kThreads = 256;  // a power of two: the block sums halve it
 constexpr int kNormBlocks = 512;
 
+// A grid-stride launch's blocks for n elements, at most `cap`.
+unsigned grid_for(size_t n, size_t cap = 4096) {
+  return unsigned(std::min<size_t>((n + kThreads - 1) / kThreads, cap));
+}
+
 // unscale: the host's, or where loss_scale is given 1 / its scale; a
 // nonzero *skip leaves everything as it was (Note [loss scale on the
 // device]).
@@ -106,9 +111,8 @@ class CudaKernels final : public Kernels {
     DDP_CHECK(a.s.kind != Kind::Sgd || a.s.mu == 0.0f || a.a, "SGD with momentum needs its buffer");
     if (a.n == 0) return;
     DDP_CHECK(a.p && a.g, "optimizer step: null parameters or gradients");
-    const unsigned grid = unsigned(std::min<size_t>((a.n + kThreads - 1) / kThreads, 8192));
-    step_kernel<<<grid, kThreads, 0, stream_>>>(a.n, a.s, a.decay, a.sq_norm, a.max_norm, a.unscale, a.loss_scale,
-                                                a.skip, a.p, a.g, a.a, a.b);
+    step_kernel<<<grid_for(a.n, 8192), kThreads, 0, stream_>>>(a.n, a.s, a.decay, a.sq_norm, a.max_norm, a.unscale,
+                                                               a.loss_scale, a.skip, a.p, a.g, a.a, a.b);
     DDP_CUDA_CHECK_LAUNCH(step_kernel);
   }
 
@@ -132,8 +136,7 @@ class CudaKernels final : public Kernels {
   const unsigned* non_finite(const float* g, size_t n) override {
     DDP_CUDA_CHECK(cudaMemsetAsync(flag_, 0, sizeof(unsigned), stream_));
     if (n == 0) return flag_;
-    const unsigned grid = unsigned(std::min<size_t>((n + kThreads - 1) / kThreads, 4096));
-    non_finite_kernel<<<grid, kThreads, 0, stream_>>>(n, g, flag_);
+    non_finite_kernel<<<grid_for(n), kThreads, 0, stream_>>>(n, g, flag_);
     DDP_CUDA_CHECK_LAUNCH(non_finite_kernel);
     return flag_;
   }
@@ -145,8 +148,7 @@ class CudaKernels final : public Kernels {
   }
   void scale_by_loss_scale(float* x, size_t n) override {
     if (n == 0) return;
-    const unsigned grid = unsigned(std::min<size_t>((n + kThreads - 1) / kThreads, 4096));
-    scale_by_kernel<<<grid, kThreads, 0, stream_>>>(n, scale_, x);
+    scale_by_kernel<<<grid_for(n), kThreads, 0, stream_>>>(n, scale_, x);
     DDP_CUDA_CHECK_LAUNCH(scale_by_kernel);
   }
   void update_loss_scale(const unsigned* found, const ScalerOptions& o) override {

@@ -204,9 +204,8 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
       throw;
     }
     p->legacy = false;
-    const std::string key =
-        conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_, layout_, ctx.deterministic());
-    ctx.warn_once("legacy-none " + key, detail::concat("op ", layer_, ": ", e.what(), "; cuDNN's graph API runs it"));
+    ctx.warn_once("legacy-none " + plan_key(ctx, batch),
+                  detail::concat("op ", layer_, ": ", e.what(), "; cuDNN's graph API runs it"));
   }
   // Grow the shared workspace now, the one step that may wait for the device,
   // rather than inside a later forward or backward.
@@ -217,6 +216,10 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   Plan& ref = *p;
   plans_[batch] = std::move(p);
   return ref;
+}
+
+std::string CudnnConv::plan_key(const cuda::Context& ctx, int batch) const {
+  return conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_, layout_, ctx.deterministic());
 }
 
 // The legacy API's algorithms (Note [conv algorithms], or timed: Note
@@ -276,8 +279,7 @@ void CudnnConv::rank_algorithms(cuda::Context& ctx, Plan& p) {
 // context by geometry, so a layer of a geometry timed before takes its
 // choice without running anything.
 void CudnnConv::time_algorithms(cuda::Context& ctx, Plan& p, int batch) {
-  const std::string key =
-      conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_, layout_, ctx.deterministic());
+  const std::string key = plan_key(ctx, batch);
   std::vector<int>& timed = ctx.timed_algorithms()[key];
   if (timed.empty()) {
     const size_t elem = is_half(precision_) ? 2 : 4;
@@ -349,7 +351,7 @@ void CudnnConv::graph_plans(cuda::Context& ctx, Plan& p, int batch) {
   spec.precision = precision_;
   spec.pad = pad_;
   spec.stride = stride_;
-  spec.key = conv_plan_key(in_, out_.c, k_, stride_, pad_, batch, precision_, layout_, ctx.deterministic());
+  spec.key = plan_key(ctx, batch);
   auto make = [&](ConvDirection d, float beta) {
     spec.beta = beta;
     std::string why;

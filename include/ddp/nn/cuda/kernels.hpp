@@ -124,6 +124,9 @@ class CudnnConv {
  private:
   struct Plan;
   Plan& plan(cuda::Context& ctx, int batch);
+  // conv_plan_key of this convolution at `batch` in ctx (Note [measured
+  // algorithms]).
+  std::string plan_key(const cuda::Context& ctx, int batch) const;
   // The plan's algorithms from cuDNN's heuristics (Note [conv algorithms]),
   // or timed (Note [measured algorithms]) where the context asks for it.
   void legacy_plan(cuda::Context& ctx, Plan& p, int batch);
