@@ -86,8 +86,14 @@ std::string collective_label(const std::string& kind, const std::string& what, c
   return (named ? what : kind + " (" + what + ")") + ", " + bytes;
 }
 
-std::string stall_report(const std::vector<RankView>& ranks, double silent_after_s) {
+std::string stall_report(const std::vector<RankView>& ranks, double silent_after_s, double quiet_after_s) {
   const auto silent = [&](const RankView& v) { return !v.finished && v.heard_ago_s > silent_after_s; };
+  // Once a report is due, a rank whose reports stopped several intervals
+  // ago is described as not heard from, though not yet silent long enough
+  // to end the job by itself (stopped a moment after the others entered).
+  const auto unheard = [&](const RankView& v) {
+    return !v.finished && v.heard_ago_s > std::min(quiet_after_s, silent_after_s);
+  };
   // The collective the job waits for: the oldest any rank still heard from waits for.
   const RankView* oldest = nullptr;
   for (const RankView& v : ranks) {
@@ -120,12 +126,12 @@ std::string stall_report(const std::vector<RankView>& ranks, double silent_after
     // came (its part is not moving).
     std::vector<int> reached;
     for (const RankView& v : ranks)
-      if (!silent(v) && v.entered_seq >= seq) reached.push_back(v.rank);
+      if (!unheard(v) && v.entered_seq >= seq) reached.push_back(v.rank);
     out << "\n  reached it: " << rank_list(reached);
     for (const RankView& v : ranks) {
-      if (!silent(v) && v.entered_seq >= seq) continue;
+      if (!unheard(v) && v.entered_seq >= seq) continue;
       out << "\n  not arrived: " << where(v) << ": ";
-      if (silent(v))
+      if (unheard(v))
         out << silent_since(v, seq);
       else
         out << "alive (heard from " << secs(v.heard_ago_s) << " ago), busy outside collectives for "
@@ -280,6 +286,7 @@ class Watchdog::Impl {
     const int from = rank_ == 0 ? MPI_ANY_SOURCE : 0;
     MPI_Irecv(&in, sizeof in, MPI_BYTE, from, kTag, comm_, &recv);
     const double silent_after = std::chrono::duration<double>(opt_.timeout).count();
+    const double quiet_after = std::max(3.0, 5 * std::chrono::duration<double>(opt_.interval).count());
     // Ranks other than 1 give rank 1 a head start at reporting rank 0's
     // silence, so that one rank says it rather than all.
     const double root_silent_after =
@@ -316,7 +323,7 @@ class Watchdog::Impl {
           views.push_back(view(r, slots[size_t(r)].beat, ago(r)));
           all_bye = all_bye && slots[size_t(r)].beat.bye;
         }
-        const std::string report = stall_report(views, silent_after);
+        const std::string report = stall_report(views, silent_after, quiet_after);
         if (!report.empty()) abort_with(report);
         if (stopping && all_bye) {
           for (int r = 1; r < size_; ++r) {
@@ -336,7 +343,7 @@ class Watchdog::Impl {
         if (root.beat.bye) break;  // rank 0's goodbye: stopping on every rank
         if (ago(0) > root_silent_after) {
           const std::vector<RankView> views = {view(0, root.beat, ago(0)), view(rank_, own(false), 0)};
-          abort_with(stall_report(views, silent_after) + "\n  (what rank " + std::to_string(rank_) +
+          abort_with(stall_report(views, silent_after, quiet_after) + "\n  (what rank " + std::to_string(rank_) +
                      " knows: rank 0 collects the other ranks' reports)");
         }
         Slot& s = slots[0];

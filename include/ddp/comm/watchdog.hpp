@@ -56,9 +56,11 @@ struct RankView {
 // The report names the oldest collective waited for (seq, description,
 // bytes), the ranks that reached it, and for every other rank its host, pid,
 // last collective entered and when it was last heard from: not heard from
-// (stopped or dead) or alive and busy outside collectives. First line
+// (stopped or dead) or alive and busy outside collectives. Once the report is
+// due, "not heard from" is any rank silent for longer than quiet_after_s
+// (several report intervals; at most silent_after_s). First line
 // without a newline at the end of the last.
-std::string stall_report(const std::vector<RankView>& ranks, double silent_after_s);
+std::string stall_report(const std::vector<RankView>& ranks, double silent_after_s, double quiet_after_s);
 
 // "all-reduce of bucket 1 of 2 (...), 1.5 MiB": how the watchdog names a
 // collective, from its kind, the caller's name for it, and its bytes.

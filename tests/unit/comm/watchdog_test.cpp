@@ -39,9 +39,9 @@ RankView rank_view(int r, uint64_t entered, uint64_t pending, double pending_s, 
 
 TEST(StallReport, NothingWhileEveryCollectiveIsWithinItsTimeout) {
   std::vector<RankView> ranks = {rank_view(0, 41, 41, 19.5), rank_view(1, 41, 41, 19.4), rank_view(2, 40, 0, 0)};
-  EXPECT_EQ(stall_report(ranks, 20), "");
+  EXPECT_EQ(stall_report(ranks, 20, 5), "");
   ranks[2].heard_ago_s = 19.9;  // quiet, not yet silent
-  EXPECT_EQ(stall_report(ranks, 20), "");
+  EXPECT_EQ(stall_report(ranks, 20, 5), "");
 }
 
 // SIGSTOP of rank 2: it falls silent, the others wait for the collective it
@@ -49,7 +49,7 @@ TEST(StallReport, NothingWhileEveryCollectiveIsWithinItsTimeout) {
 TEST(StallReport, ASilentRankIsNamedAsNotArrivedWithTheCollective) {
   const std::vector<RankView> ranks = {rank_view(0, 42, 42, 20.2), rank_view(1, 42, 42, 20.1),
                                        rank_view(2, 41, 0, 0, /*heard_ago=*/20.6), rank_view(3, 42, 42, 20.3)};
-  const std::string r = stall_report(ranks, 20);
+  const std::string r = stall_report(ranks, 20, 5);
   expect_contains(r, "watchdog: collective #42 has not completed after 20.3 s (--timeout 20.0 s)");
   expect_contains(r, "\n  collective #42: all-reduce of bucket 2 of 3 (parameters 4..9: fc1.bias .. conv2.weight), "
                      "198.0 KiB; waiting for 20.3 s");
@@ -59,12 +59,33 @@ TEST(StallReport, ASilentRankIsNamedAsNotArrivedWithTheCollective) {
   EXPECT_EQ(r.find("rank 0 on host"), std::string::npos) << r;
 }
 
+// Stopped a second after the others entered: when the collective's timeout
+// fires, its silence is a second short of --timeout. Several intervals of
+// silence already say it is not working, so it is named as not heard from,
+// not as alive.
+TEST(StallReport, ARankQuietForSeveralIntervalsIsNotCalledAlive) {
+  const std::vector<RankView> ranks = {rank_view(0, 42, 42, 20.0), rank_view(1, 42, 42, 20.1),
+                                       rank_view(2, 41, 0, 0, /*heard_ago=*/19.0), rank_view(3, 42, 42, 19.9)};
+  const std::string r = stall_report(ranks, 20, 5);
+  expect_contains(r, "\n  reached it: ranks 0, 1, 3\n");
+  expect_contains(r, "\n  not arrived: rank 2 on host node1, pid 1002: not heard from for 19.0 s (stopped or dead)");
+  // Quiet for less than that: alive, busy elsewhere.
+  std::vector<RankView> busy = ranks;
+  busy[2].heard_ago_s = 4.0;
+  expect_contains(stall_report(busy, 20, 5),
+                  "\n  not arrived: rank 2 on host node1, pid 1002: alive (heard from 4.0 s ago)");
+  // Silence alone still ends the job only after --timeout.
+  busy[0].pending_s = busy[1].pending_s = busy[3].pending_s = 10;
+  busy[2].heard_ago_s = 19.0;
+  EXPECT_EQ(stall_report(busy, 20, 5), "");
+}
+
 // A rank that is alive but elsewhere (a long checkpoint write, a loop that
 // forgot a collective): named as busy, with how long, not as dead.
 TEST(StallReport, ABusyRankIsNamedAsAliveOutsideCollectives) {
   std::vector<RankView> ranks = {rank_view(0, 7, 0, 0), rank_view(1, 8, 8, 25)};
   ranks[0].idle_s = 24.5;
-  const std::string r = stall_report(ranks, 20);
+  const std::string r = stall_report(ranks, 20, 5);
   expect_contains(r, "watchdog: collective #8 has not completed after 25.0 s (--timeout 20.0 s)");
   expect_contains(r, "\n  reached it: rank 1");
   expect_contains(r, "\n  not arrived: rank 0 on host node0, pid 1000: alive (heard from 0.5 s ago), busy outside "
@@ -75,7 +96,7 @@ TEST(StallReport, ABusyRankIsNamedAsAliveOutsideCollectives) {
 // but it is not taking part; it holds the collective up all the same.
 TEST(StallReport, ARankSilentInsideTheCollectiveStillHoldsItUp) {
   const std::vector<RankView> ranks = {rank_view(0, 42, 42, 21), rank_view(1, 42, 42, 0, /*heard_ago=*/21)};
-  const std::string r = stall_report(ranks, 20);
+  const std::string r = stall_report(ranks, 20, 5);
   expect_contains(r, "reached it: rank 0\n");
   expect_contains(r, "not arrived: rank 1 on host node0, pid 1001: not heard from for 21.0 s (stopped or dead); "
                      "at its last report it had entered #42 (this one), ");
@@ -83,20 +104,20 @@ TEST(StallReport, ARankSilentInsideTheCollectiveStillHoldsItUp) {
 
 TEST(StallReport, SilenceAloneEndsTheJobEvenWithNothingWaiting) {
   std::vector<RankView> ranks = {rank_view(0, 5, 0, 0), rank_view(1, 5, 0, 0), rank_view(2, 4, 0, 0, 30)};
-  const std::string r = stall_report(ranks, 20);
+  const std::string r = stall_report(ranks, 20, 5);
   expect_contains(r, "watchdog: rank 2 not heard from for more than 20.0 s (--timeout 20.0 s)");
   expect_contains(r, "\n  rank 2 on host node1, pid 1002: not heard from for 30.0 s (stopped or dead); "
                      "at its last report it had entered #4, ");
   EXPECT_EQ(r.find("reached it"), std::string::npos) << r;
   // A rank that said goodbye (its training ended) is not silent.
   ranks[2].finished = true;
-  EXPECT_EQ(stall_report(ranks, 20), "");
+  EXPECT_EQ(stall_report(ranks, 20, 5), "");
 }
 
 // The collective named is the oldest one still waited for, by sequence.
 TEST(StallReport, TheOldestCollectiveWaitedForIsTheOneNamed) {
   const std::vector<RankView> ranks = {rank_view(0, 12, 11, 30), rank_view(1, 10, 0, 0), rank_view(2, 12, 12, 5)};
-  const std::string r = stall_report(ranks, 20);
+  const std::string r = stall_report(ranks, 20, 5);
   expect_contains(r, "watchdog: collective #11 has not completed after 30.0 s");
   expect_contains(r, "reached it: ranks 0, 2");
   expect_contains(r, "not arrived: rank 1 ");
