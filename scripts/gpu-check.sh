@@ -103,7 +103,7 @@ run | learn | bench | nccl | profile)
   fi
   # The benchmark ends with the kernel breakdown of our step.
   if [[ $mode == profile || $mode == bench ]]; then
-    IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision bf16 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next;--precision fp32;--deterministic}"
+    IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision bf16 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next;--precision fp32;--deterministic --sync-bn;--deterministic --sync-bn --gpu-kernels next}"
     for i in "${!sets[@]}"; do
       echo "=== ResNet-18, batch 256, ${sets[i]}" >>"$out/profile.txt"
       # shellcheck disable=SC2086

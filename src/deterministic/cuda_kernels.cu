@@ -2,7 +2,8 @@
 // lane, so only the kernels that keep something per sample between forward
 // and backward (the fused LeNet layer) or take sums over the batch
 // (BatchNorm) differ from nn/cuda's; every other op is called micro-shard by
-// micro-shard as it is.
+// micro-shard as it is, or with --gpu-kernels next in checked runs (Note
+// [checked runs] in deterministic/checked_runs.hpp).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/scoped.hpp"  // Scoped            // DDP_CHECK
+#include "ddp/deterministic/checked_runs.hpp"
 #include "ddp/deterministic/devices.hpp"
 #include "ddp/deterministic/shards.hpp"
 #include "ddp/nn/cuda/device.hpp"        // CudaDevice
@@ -36,6 +38,34 @@ __global__ void bn_sum_shards_kernel(int shards, int width, const double* __rest
     for (int k = 0; k < shards; ++k) s += per_shard[int64_t(k) * width + i];
     out[i] = s;
   }
+}
+
+// differ = 1 where the n words at a and b are not all the same bits.
+__global__ void differ_kernel(int64_t n, const uint32_t* __restrict__ a, const uint32_t* __restrict__ b,
+                              int* __restrict__ differ) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    if (a[i] != b[i]) {
+      *differ = 1;
+      return;
+    }
+}
+
+// Note [checked runs]: once per batch size, mode, direction and op, so the
+// host waits here. The compute stream then holds only this rank's kernels
+// (no collective of --deterministic's is waited for on it), so the wait is
+// bounded.
+bool same_bits_cuda(cuda::Context& ctx, const float* a, const float* b, size_t n) {
+  if (n == 0) return true;
+  auto* differ = static_cast<int*>(ctx.alloc(sizeof(int)));
+  DDP_CUDA_CHECK(cudaMemsetAsync(differ, 0, sizeof(int), ctx.compute()));
+  differ_kernel<<<nn::cuda_grid(int64_t(n)), nn::kCudaThreads, 0, ctx.compute()>>>(
+      int64_t(n), reinterpret_cast<const uint32_t*>(a), reinterpret_cast<const uint32_t*>(b), differ);
+  DDP_CUDA_CHECK_LAUNCH(differ_kernel);
+  int host = 0;
+  DDP_CUDA_CHECK(cudaMemcpyAsync(&host, differ, sizeof(int), cudaMemcpyDeviceToHost, ctx.compute()));
+  ctx.sync();
+  ctx.free(differ);
+  return host == 0;
 }
 
 // The whole batch's conv outputs are sized before its micro-shards run,
@@ -120,6 +150,13 @@ class CudaShardDevice final : public nn::CudaDevice {
     const Op& op = g.ops[i];
     if (op.kind == nn::OpKind::ConvReluPool) return std::make_unique<LaneConvReluPoolCuda>(op, ctx_);
     if (op.kind == nn::OpKind::BatchNorm2d) return std::make_unique<ShardBatchNormCuda>(op, ctx_, stats, layout(g));
+    if (ctx_.next_kernels() && checkable_in_runs(op.kind)) {
+      CheckedRuns::Env env;
+      env.device = this;
+      env.same_bits = [this](const float* a, const float* b, size_t n) { return same_bits_cuda(ctx_, a, b, n); };
+      env.say_once = [this](const std::string& key, const std::string& what) { ctx_.warn_once(key, what); };
+      return std::make_unique<CheckedRuns>(g, i, CudaDevice::kernel(g, i, stats), std::move(env));
+    }
     return CudaDevice::kernel(g, i, stats);
   }
 };

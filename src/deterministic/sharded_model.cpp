@@ -173,7 +173,8 @@ void ShardedModel::backward_lanes(size_t i, const float* dy, const std::vector<f
         for (int64_t m = run.first; m < run.first + run.count; ++m) backward_one_shard(i, k, m, lane, dy, dx, true);
     });
   }
-  if (!fixed)
+  // An op without parameters has nothing left once its runs took dx.
+  if (!fixed && !(runs && ps.empty()))
     for_lanes(batch / shard_, [&](int64_t s, int lane) { backward_one_shard(i, k, s, lane, dy, dx, runs); });
 }
 

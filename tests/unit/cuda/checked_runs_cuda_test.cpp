@@ -1,0 +1,109 @@
+// --deterministic --gpu-kernels next on the GPU (Note [checked runs] in
+// deterministic/checked_runs.hpp): a batch's micro-shards in one checked call
+// per op are each micro-shard's bits as a call of its own gives them, which
+// is what makes a step the same at every world size. The host side of the
+// check is tests/unit/deterministic/checked_runs_test.cpp.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../nn/model_util.hpp"  // random_batch
+#include "ddp/deterministic/devices.hpp"
+#include "ddp/deterministic/sharded_model.hpp"
+#include "ddp/nn/model.hpp"  // softmax_cross_entropy, init_state
+#include "nn_cuda_test_util.hpp"
+
+namespace ddp::nn_cuda_test {
+namespace {
+
+using deterministic::ShardedModel;
+using nn::Mode;
+
+constexpr int kBatch = 12, kShard = 3, kClasses = 5, kPixels = 8 * 8;
+
+// Convolutions, ReLU, a residual add, the global pool, flatten and fc on one
+// input channel (so that --channels-last can take it): every checkable op
+// kind ResNet-18 has, without BatchNorm (whose statistics are the batch's).
+nn::Graph residual_net() {
+  nn::GraphBuilder b("residual", {1, 8, 8}, /*pytorch_init=*/true);
+  const int a = b.relu("relu", b.conv("conv1", b.input(), 8, 3, 1, 1));
+  const int c = b.add("add", b.conv("conv2", a, 8, 3, 1, 1), a, /*relu=*/true);
+  return b.finish(b.linear("fc", b.flatten("flat", b.global_avg_pool("gap", c)), kClasses));
+}
+
+// Each param's gradients as handed over, one micro-shard at a time (from
+// the device).
+struct Grads final : deterministic::ShardGradients {
+  Grads(cuda::Context& ctx, const nn::Graph& g) : ctx(ctx), g(g), shards(g.params.size()) {}
+  void take(int, const float* p, size_t first, size_t count) override {
+    const size_t base = g.params[first].offset;
+    for (size_t q = first; q < first + count; ++q)
+      shards[q].push_back(DeviceArray<float>::to_host(ctx, p + (g.params[q].offset - base), g.params[q].numel));
+  }
+  void taken(size_t, size_t) override {}
+  cuda::Context& ctx;
+  const nn::Graph& g;
+  std::vector<std::vector<std::vector<float>>> shards;
+};
+
+// One training forward and backward of `batch` samples from `first` on:
+// the logits and each micro-shard's gradients.
+struct Step {
+  std::vector<float> logits;
+  std::vector<std::vector<std::vector<float>>> grads;
+};
+
+Step step(cuda::Context& ctx, ShardedModel& model, const nn::test::Batch& b, int first, int batch) {
+  DeviceArray<float> x(ctx, std::vector<float>(b.x.begin() + first * kPixels, b.x.begin() + (first + batch) * kPixels));
+  model.zero_grads();
+  Step s;
+  s.logits = DeviceArray<float>::to_host(ctx, model.forward_shards(x.get(), batch, Mode::Train, kShard),
+                                         size_t(batch) * kClasses);
+  std::vector<float> d(s.logits.size());
+  nn::softmax_cross_entropy(s.logits.data(), b.y.data() + first, batch, kClasses, d.data());
+  DeviceArray<float> dd(ctx, d);
+  Grads g(ctx, model.graph());
+  model.backward_shards(dd.get(), batch, g);
+  s.grads = g.shards;
+  return s;
+}
+
+class CudaCheckedRuns : public GpuTest {};
+
+// The batch of 4 micro-shards in one model, twice (the first step checks
+// each op's one call, the second takes it), against each micro-shard alone
+// in a model of its own (a world of 4 ranks): logits and gradients the same
+// bits, in both layouts.
+TEST_F(CudaCheckedRuns, OneCallOverTheMicroShardsIsEachMicroShardsOwnBits) {
+  const nn::test::Batch b = nn::test::random_batch(kBatch, 41, kPixels, kClasses);
+  for (const bool nhwc : {false, true}) {
+    SCOPED_TRACE(nhwc ? "channels last" : "NCHW");
+    ctx().set_deterministic(true);
+    ctx().set_next_kernels(true);
+    ctx().set_channels_last(nhwc);
+    const std::unique_ptr<nn::Device> dev = deterministic::make_cuda_device(ctx());
+    ShardedModel whole(residual_net(), *dev), alone(residual_net(), *dev);
+    whole.set_state(nn::init_state(whole.graph(), 3));
+    alone.set_state(nn::init_state(alone.graph(), 3));
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      SCOPED_TRACE("step " + std::to_string(repeat));
+      const Step all = step(ctx(), whole, b, 0, kBatch);
+      for (int s = 0; s < kBatch / kShard; ++s) {
+        const Step one = step(ctx(), alone, b, s * kShard, kShard);
+        const auto at = all.logits.begin() + s * kShard * kClasses;
+        EXPECT_EQ(bits(one.logits), bits(std::vector<float>(at, at + kShard * kClasses))) << "micro-shard " << s;
+        for (size_t q = 0; q < one.grads.size(); ++q) {
+          ASSERT_EQ(one.grads[q].size(), 1u);
+          ASSERT_EQ(all.grads[q].size(), size_t(kBatch / kShard));
+          EXPECT_EQ(bits(one.grads[q][0]), bits(all.grads[q][size_t(s)]))
+              << whole.graph().params[q].name << ", micro-shard " << s;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ddp::nn_cuda_test

@@ -1,0 +1,240 @@
+// CheckedRuns (deterministic/checked_runs.hpp, Note [checked runs]) under
+// ShardedModel on a device of one lane, as a GPU's: the CPU's kernels, each
+// call counted, one of them made to depend on its call's batch. A batch's
+// micro-shards in one checked call are the bits of one call each; a kernel
+// that fails the check runs micro-shard by micro-shard, said once.
+#include "ddp/deterministic/checked_runs.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../nn/model_util.hpp"  // Batch, random_batch, tiny_resnet
+#include "ddp/core/error.hpp"  // DDP_FAIL
+#include "ddp/deterministic/devices.hpp"
+#include "ddp/deterministic/sharded_model.hpp"
+#include "ddp/nn/model.hpp"  // softmax_cross_entropy, init_state
+
+namespace ddp::deterministic {
+namespace {
+
+using nn::Graph;
+using nn::Mode;
+using nn::OpArgs;
+
+constexpr int kBatch = 12, kShard = 3, kShards = kBatch / kShard, kClasses = 5;
+
+struct Calls {
+  int forward = 0, backward = 0;
+};
+
+// How a kernel behaves on a call of more than one micro-shard: as the
+// CPU's; its first sample's first output (and input gradient) one bit off,
+// as a library kernel that chose another algorithm for a larger batch would
+// be; or failing, as cuDNN with no deterministic algorithm for it.
+enum class Skew { None, Bit, Fails };
+
+// The CPU's plain kernel of one op, its calls counted, skewed.
+class Counted final : public nn::Kernel {
+ public:
+  Counted(std::unique_ptr<nn::Kernel> inner, Calls& calls, Skew skew)
+      : inner_(std::move(inner)), calls_(calls), skew_(skew) {}
+  void forward(const OpArgs& a) override {
+    ++calls_.forward;
+    refuse(a.batch);
+    inner_->forward(a);
+    if (skew_ == Skew::Bit && a.batch > kShard) nudge(a.y);
+  }
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
+    ++calls_.backward;
+    refuse(a.batch);
+    inner_->backward(a, dy, dx);
+    if (skew_ == Skew::Bit && a.batch > kShard && dx[0]) nudge(dx[0]);
+  }
+
+ private:
+  void refuse(int batch) const {
+    if (skew_ == Skew::Fails && batch > kShard) DDP_FAIL("no algorithm for a batch of ", batch);
+  }
+  static void nudge(float* v) {
+    uint32_t bits;
+    std::memcpy(&bits, v, sizeof bits);
+    bits ^= 1u;
+    std::memcpy(v, &bits, sizeof bits);
+  }
+  std::unique_ptr<nn::Kernel> inner_;
+  Calls& calls_;
+  Skew skew_;
+};
+
+// The CPU's deterministic device with one lane, whose checkable ops run the
+// CPU's plain kernels (counted; the op named `skewed` skewed by `skew`): in
+// CheckedRuns where `checked`, else one call a micro-shard (the reference).
+class OneLaneDevice final : public nn::Device {
+ public:
+  OneLaneDevice(bool checked, std::string skewed = "", Skew skew = Skew::None)
+      : checked_(checked), skewed_(std::move(skewed)), skew_(skew) {}
+  std::string name() const override { return "one-lane cpu"; }
+  std::unique_ptr<nn::Kernel> kernel(const Graph& g, size_t i, nn::StatsReducer* stats) override {
+    const nn::Op& op = g.ops[i];
+    if (!checkable_in_runs(op.kind)) return shards_->kernel(g, i, stats);
+    auto counted =
+        std::make_unique<Counted>(plain_->kernel(g, i, stats), calls[op.name], op.name == skewed_ ? skew_ : Skew::None);
+    if (!checked_) return counted;
+    CheckedRuns::Env env;
+    env.device = this;
+    env.same_bits = [](const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; };
+    env.say_once = [this](const std::string& key, const std::string& what) {
+      if (said.emplace(key, what).second) ++says;
+    };
+    return std::make_unique<CheckedRuns>(g, i, std::move(counted), std::move(env));
+  }
+  std::unique_ptr<nn::Array> alloc(size_t n) override { return shards_->alloc(n); }
+  void fill(float* p, size_t n, float value) override { shards_->fill(p, n, value); }
+  void add(float* dst, const float* src, size_t n) override { shards_->add(dst, src, n); }
+  void scale(float* p, size_t n, float s) override { shards_->scale(p, n, s); }
+  void round(float* dst, const float* src, size_t n, nn::Precision p) override { shards_->round(dst, src, n, p); }
+  void to_host(float* host, const float* dev, size_t n) override { shards_->to_host(host, dev, n); }
+  void from_host(float* dev, const float* host, size_t n) override { shards_->from_host(dev, host, n); }
+  void sync() override {}
+  OneLaneDevice reference() const { return OneLaneDevice(false, skewed_, skew_); }
+
+  std::map<std::string, Calls> calls;      // per op name (held by the kernels)
+  std::map<std::string, std::string> said;  // say_once's, by key
+  int says = 0;
+
+ private:
+  bool checked_;
+  std::string skewed_;
+  Skew skew_;
+  std::unique_ptr<nn::Device> shards_ = make_cpu_device(1), plain_ = nn::make_cpu_device(1);
+};
+
+struct Grads final : ShardGradients {
+  explicit Grads(const Graph& g) : g(g), shards(g.params.size()) {}
+  void take(int, const float* p, size_t first, size_t count) override {
+    const size_t base = g.params[first].offset;
+    for (size_t q = first; q < first + count; ++q)
+      shards[q].emplace_back(p + (g.params[q].offset - base), p + (g.params[q].offset - base) + g.params[q].numel);
+  }
+  void taken(size_t, size_t) override {}
+  const Graph& g;
+  std::vector<std::vector<std::vector<float>>> shards;  // per param, per micro-shard
+};
+
+// What a model on such a device computes in two training steps' forward and
+// backward (no update between) and an evaluation of 11 samples, and the
+// calls its ops took in the second step.
+struct Steps {
+  std::vector<float> logits, eval;
+  std::vector<std::vector<std::vector<float>>> grads;
+  std::map<std::string, Calls> second;
+};
+
+Steps run(OneLaneDevice& device, const nn::test::Batch& b) {
+  ShardedModel model(nn::test::tiny_resnet(kClasses), device);
+  model.set_state(nn::init_state(model.graph(), 5));
+  Steps s;
+  for (int step = 0; step < 2; ++step) {
+    if (step == 1)
+      for (auto& [op, calls] : device.calls) calls = Calls{};  // the kernels hold them
+    model.zero_grads();
+    const float* l = model.forward_shards(b.x.data(), kBatch, Mode::Train, kShard);
+    s.logits.assign(l, l + kBatch * kClasses);
+    std::vector<float> d(s.logits.size());
+    nn::softmax_cross_entropy(l, b.y.data(), kBatch, kClasses, d.data());
+    Grads g(model.graph());
+    model.backward_shards(d.data(), kBatch, g);
+    s.grads = g.shards;
+  }
+  s.second = device.calls;
+  const float* e = model.forward_shards(b.x.data(), 11, Mode::Eval, kShard);  // a last micro-shard of 2
+  s.eval.assign(e, e + 11 * kClasses);
+  return s;
+}
+
+// `checked`'s steps on a batch from `seed`, each value the bits of the same
+// kernels called once a micro-shard.
+Steps checked_steps(OneLaneDevice& checked, uint64_t seed) {
+  const nn::test::Batch b = nn::test::random_batch(kBatch, seed, 2 * 8 * 8, kClasses);
+  OneLaneDevice reference = checked.reference();
+  const Steps want = run(reference, b), got = run(checked, b);
+  EXPECT_EQ(got.logits, want.logits);
+  EXPECT_EQ(got.eval, want.eval);
+  EXPECT_EQ(got.grads, want.grads);
+  for (const auto& [op, calls] : want.second) EXPECT_EQ(calls.forward, kShards) << op;
+  return got;
+}
+
+// Every checkable op of the tiny ResNet (convolutions, ReLUs, residual adds,
+// the pool, flatten) passes its check and takes the batch's micro-shards in
+// one call forward and one backward (plus the weight gradients' calls, one
+// a micro-shard); logits, evaluation and each micro-shard's gradients are the
+// bits of one call a micro-shard.
+TEST(CheckedRuns, MicroShardsInOneCallAreEachMicroShardsOwnBits) {
+  OneLaneDevice checked(true);
+  const Steps got = checked_steps(checked, 31);
+  EXPECT_EQ(checked.says, 0);
+  ASSERT_FALSE(got.second.empty());
+  for (const auto& [op, calls] : got.second) {
+    SCOPED_TRACE(op);
+    EXPECT_EQ(calls.forward, 1);
+    const bool conv = op.find("conv") != std::string::npos;
+    // The stem's convolution has no input gradient: micro-shard calls only.
+    const int backward = op == "stem.conv" ? kShards : conv ? 1 + kShards : 1;
+    EXPECT_EQ(calls.backward, backward);
+  }
+}
+
+// A kernel whose one call over several micro-shards differs by a bit fails
+// its check: the step still has the micro-shards' own bits, the device says
+// so once, and from then on that op runs micro-shard by micro-shard while
+// the others keep their one call.
+TEST(CheckedRuns, AKernelThatDependsOnItsBatchRunsMicroShardByMicroShard) {
+  OneLaneDevice checked(true, "block0.relu1", Skew::Bit);
+  const Steps got = checked_steps(checked, 32);
+  ASSERT_EQ(checked.says, 3) << "once forward, once backward, once in evaluation";
+  std::string all;
+  for (const auto& [key, what] : checked.said) all += what + "\n";
+  for (const char* run : {"12 (forward)", "12 (backward)", "11 (evaluation)"})
+    EXPECT_NE(all.find(std::string("op block0.relu1: one call over the micro-shards of a batch of ") + run +
+                       " does not give each micro-shard its own bits; it runs micro-shard by micro-shard\n"),
+              std::string::npos)
+        << all;
+  EXPECT_EQ(got.second.at("block0.relu1").forward, kShards);
+  EXPECT_EQ(got.second.at("block0.relu1").backward, kShards);
+  EXPECT_EQ(got.second.at("block1.add").forward, 1);
+  EXPECT_EQ(got.second.at("block1.add").backward, 1);
+}
+
+// A one call that fails (cuDNN without a deterministic algorithm for the
+// larger batch) is a failed check, not a failed run: said once with its
+// error, the op then runs micro-shard by micro-shard.
+TEST(CheckedRuns, AOneCallThatFailsRunsMicroShardByMicroShard) {
+  OneLaneDevice checked(true, "block1.conv1", Skew::Fails);
+  const Steps got = checked_steps(checked, 33);
+  ASSERT_EQ(checked.says, 3) << "once forward, once backward, once in evaluation";
+  EXPECT_NE(checked.said.begin()->second.find("op block1.conv1: one call over the micro-shards of a batch of "),
+            std::string::npos);
+  EXPECT_NE(checked.said.begin()->second.find(" failed (no algorithm for a batch of "), std::string::npos)
+      << checked.said.begin()->second;
+  EXPECT_EQ(got.second.at("block1.conv1").forward, kShards);
+  EXPECT_EQ(got.second.at("block1.conv1").backward, kShards);
+  EXPECT_EQ(got.second.at("block1.add").forward, 1);
+}
+
+TEST(CheckedRuns, OnlyOpsWithoutBatchStatisticsOrKeptSamplesAreChecked) {
+  EXPECT_TRUE(checkable_in_runs(nn::OpKind::Conv2d));
+  EXPECT_TRUE(checkable_in_runs(nn::OpKind::Add));
+  EXPECT_FALSE(checkable_in_runs(nn::OpKind::BatchNorm2d));
+  EXPECT_FALSE(checkable_in_runs(nn::OpKind::ConvReluPool));
+  EXPECT_FALSE(checkable_in_runs(nn::OpKind::Linear));
+}
+
+}  // namespace
+}  // namespace ddp::deterministic
