@@ -94,14 +94,23 @@ class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
   }
 
  private:
-  void channel_sums(const OpArgs& a, size_t width, const RunSum& sum, const std::string& what,
-                    bool backward) override {
-    if (shard_ == 0) return CudaBatchNorm::channel_sums(a, width, sum, what, backward);
+  // Note [shards in one launch]: with the split sums (--gpu-kernels next
+  // or NHWC) every micro-shard's sums come from one launch, each block
+  // summing its micro-shard as a launch of that micro-shard alone would (the
+  // same cut: the same bits); backward then hands over each micro-shard's
+  // weight and bias gradients in turn.
+  void channel_sums(const OpArgs& a, size_t width, const RunSum& sum, const AfterSum* after,
+                    const std::string& what) override {
+    if (shard_ == 0) return CudaBatchNorm::channel_sums(a, width, sum, after, what);
     const int n = shards_of(a.batch, shard_, op_.name);
     double* per = shard_sums(n, width);
+    const bool together = split() && ctx_.next_kernels();
+    if (together) sum(0, shard_, n, per);
     for (int k = 0; k < n; ++k) {
-      sum(int64_t(k) * shard_, shard_, per + size_t(k) * width);
-      if (backward) (*take_)();
+      if (!together) sum(int64_t(k) * shard_, shard_, 1, per + size_t(k) * width);
+      if (!after) continue;
+      (*after)(per + size_t(k) * width);
+      (*take_)();
     }
     reduce_shards(n, width, what);
   }

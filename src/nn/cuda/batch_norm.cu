@@ -9,10 +9,12 @@
 // --gpu-kernels next the device communicator sums them on the device, the
 // host not waiting (NCCL's all-reduce on the GPU), and one rank's not at
 // all. The deterministic mode takes the sums micro-shard by micro-shard
-// (CudaBatchNorm::channel_sums, deterministic/). With --gpu-kernels next a
-// BatchNorm also runs the ReLU or residual add after it (CudaBatchNormAct,
-// Note [claimed runs] in nn/model.hpp): one pass forward and one backward
-// where there were two or three, the same bits. NHWC batches (Note
+// (CudaBatchNorm::channel_sums, deterministic/; with --gpu-kernels next all
+// micro-shards in one launch: Note [shards in one launch], bn_plan.hpp).
+// With --gpu-kernels next a BatchNorm also runs the ReLU or residual add
+// after it (CudaBatchNormAct, Note [claimed runs] in nn/model.hpp): one pass
+// forward and one backward where there were two or three, the same bits.
+// NHWC batches (Note
 // [channels last], nn/layout.hpp) are summed as Note [channels last sums]
 // says, and the element-wise passes find a value's channel as i % c.
 #include <cuda_runtime_api.h>
@@ -94,10 +96,14 @@ __global__ void __launch_bounds__(kThreads)
 // values (value j is pixel j % hw of image j / hw) into part[ch * runs + run]:
 // of x; with mean, of (x - mean[ch])^2 instead.
 __global__ void __launch_bounds__(kThreads)
-    bn_run_sums_kernel(int64_t values, int64_t per_split, int c, int hw, const float* __restrict__ x,
-                   const float* __restrict__ mean, double* __restrict__ part) {
+    bn_run_sums_kernel(int64_t values, int64_t per_split, int c, int hw, int64_t shard_elems,
+                       const float* __restrict__ x, const float* __restrict__ mean, double* __restrict__ part) {
   __shared__ double sa[kThreads], sb[kThreads];
   const int run = blockIdx.x, runs = gridDim.x, ch = blockIdx.y;
+  // Note [shards in one launch]: block z sums micro-shard z as a launch of
+  // its own would.
+  x += blockIdx.z * shard_elems;
+  part += int64_t(blockIdx.z) * c * runs;
   const double m = mean ? double(mean[ch]) : 0.0;
   const int64_t end = min(values, (run + 1) * per_split);
   double s = 0.0;
@@ -113,11 +119,15 @@ __global__ void __launch_bounds__(kThreads)
 // Block (run, ch): part[ch * runs + run] = its run's sum(dy), and
 // part[(c + ch) * runs + run] = its sum(dy * (x - mean)).
 __global__ void __launch_bounds__(kThreads)
-    bn_run_grad_sums_kernel(int64_t values, int64_t per_split, int c, int hw, const float* __restrict__ x,
-                        const float* __restrict__ mean, const float* __restrict__ dy,
+    bn_run_grad_sums_kernel(int64_t values, int64_t per_split, int c, int hw, int64_t shard_elems,
+                        const float* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ dy,
                         const float* __restrict__ relu_y, double* __restrict__ part) {
   __shared__ double sa[kThreads], sb[kThreads];
   const int run = blockIdx.x, runs = gridDim.x, ch = blockIdx.y;
+  x += blockIdx.z * shard_elems;
+  dy += blockIdx.z * shard_elems;
+  if (relu_y) relu_y += blockIdx.z * shard_elems;
+  part += int64_t(blockIdx.z) * 2 * c * runs;
   const double m = double(mean[ch]);
   const int64_t end = min(values, (run + 1) * per_split);
   double s = 0.0, sx = 0.0;
@@ -158,6 +168,8 @@ __global__ void __launch_bounds__(kThreads)
   static_assert(kThreads == kNhwcGroup * kNhwcWarps, "a block is kNhwcWarps warps");
   __shared__ double sa[kThreads];
   const int run = blockIdx.x, runs = gridDim.x, lane = threadIdx.x % kNhwcGroup, warp = threadIdx.x / kNhwcGroup;
+  x.p += blockIdx.z * rows * c;  // Note [shards in one launch]
+  part += int64_t(blockIdx.z) * c * runs;
   const int ch = blockIdx.y * kNhwcGroup + lane;
   const int64_t end = min(rows, (run + 1) * per_split);
   double s = 0.0;
@@ -185,6 +197,11 @@ __global__ void __launch_bounds__(kThreads)
                               const float* __restrict__ relu_y, double* __restrict__ part) {
   __shared__ double sa[kThreads], sb[kThreads];
   const int run = blockIdx.x, runs = gridDim.x, lane = threadIdx.x % kNhwcGroup, warp = threadIdx.x / kNhwcGroup;
+  const int64_t shard_elems = rows * c;  // Note [shards in one launch]
+  x += blockIdx.z * shard_elems;
+  dy += blockIdx.z * shard_elems;
+  if (relu_y) relu_y += blockIdx.z * shard_elems;
+  part += int64_t(blockIdx.z) * 2 * c * runs;
   const int ch = blockIdx.y * kNhwcGroup + lane;
   const int64_t end = min(rows, (run + 1) * per_split);
   double s = 0.0, sx = 0.0;
@@ -307,8 +324,7 @@ CudaBatchNorm::CudaBatchNorm(const Op& op, cuda::Context& ctx, StatsReducer* sta
       host_(size_t(2 * op.in.c)) {
   chan_ = static_cast<float*>(ctx_.alloc(sizeof(float) * 7 * size_t(c_)));
   sums_ = static_cast<double*>(ctx_.alloc(sizeof(double) * 2 * size_t(c_)));
-  if (split_)
-    parts_ = static_cast<double*>(ctx_.alloc(sizeof(double) * 2 * size_t(c_) * size_t(max_sum_runs(c_, ctx_.sms()))));
+  if (split_) parts_for(1);
   DDP_CUDA_CHECK(cudaMemsetAsync(chan_, 0, sizeof(float) * 7 * size_t(c_), ctx_.compute()));
 }
 
@@ -318,9 +334,10 @@ CudaBatchNorm::~CudaBatchNorm() {
   if (parts_) cudaFreeAsync(parts_, ctx_.compute());
 }
 
-void CudaBatchNorm::launch_sums(int images, const float* x, const float* mean, const float* dy, double* out,
-                                const float* relu_y) {
+void CudaBatchNorm::launch_sums(int images, int shards, const float* x, const float* mean, const float* dy,
+                                double* out, const float* relu_y) {
   const cudaStream_t s = ctx_.compute();
+  DDP_CHECK(split_ || shards == 1, "BatchNorm2d ", op_.name, ": micro-shards in one launch need the split sums");
   if (!split_) {
     if (!dy) {
       bn_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, x, mean, out);
@@ -334,58 +351,72 @@ void CudaBatchNorm::launch_sums(int images, const float* x, const float* mean, c
   const int64_t values = int64_t(images) * hw_;
   DDP_CHECK(values < (int64_t(1) << 31), "BatchNorm2d ", op_.name, ": ", values,
             " values a channel in one call; at most 2^31 are supported");
+  double* parts = parts_for(shards);
   if (layout_ == Layout::NHWC) {
-    if (!dy) return channel_sums_nhwc_cuda(ctx_, x, mean, values, c_, parts_, out);
+    if (!dy) return channel_sums_nhwc_cuda(ctx_, x, mean, values, c_, parts, out, shards);
     const BnSplit plan = plan_nhwc_split(values, c_, ctx_.sms());
-    nhwc_run_grad_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(nhwc_channel_groups(c_))), kThreads, 0, s>>>(
-        values, plan.per_split, c_, x, mean, dy, relu_y, parts_);
+    nhwc_run_grad_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(nhwc_channel_groups(c_)), unsigned(shards)),
+                                kThreads, 0, s>>>(values, plan.per_split, c_, x, mean, dy, relu_y, parts);
     DDP_CUDA_CHECK_LAUNCH(nhwc_run_grad_sums_kernel);
-    bn_runs_kernel<<<cuda_grid(2 * c_), kCudaThreads, 0, s>>>(2 * c_, plan.splits, parts_, out);
+    bn_runs_kernel<<<cuda_grid(2 * c_ * shards), kCudaThreads, 0, s>>>(2 * c_ * shards, plan.splits, parts, out);
     DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
     return;
   }
-  if (!dy) return channel_sums_cuda(ctx_, x, mean, images, c_, hw_, parts_, out);
+  if (!dy) return channel_sums_cuda(ctx_, x, mean, images, c_, hw_, parts, out, shards);
   const BnSplit plan = plan_bn_split(values, c_, ctx_.sms());
-  bn_run_grad_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c_)), kThreads, 0, s>>>(
-      values, plan.per_split, c_, hw_, x, mean, dy, relu_y, parts_);
+  bn_run_grad_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c_), unsigned(shards)), kThreads, 0, s>>>(
+      values, plan.per_split, c_, hw_, values * c_, x, mean, dy, relu_y, parts);
   DDP_CUDA_CHECK_LAUNCH(bn_run_grad_sums_kernel);
-  bn_runs_kernel<<<cuda_grid(2 * c_), kCudaThreads, 0, s>>>(2 * c_, plan.splits, parts_, out);
+  bn_runs_kernel<<<cuda_grid(2 * c_ * shards), kCudaThreads, 0, s>>>(2 * c_ * shards, plan.splits, parts, out);
   DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
 }
 
+// parts_ with room for `shards` micro-shards' runs (two sums a channel each),
+// grown stream-ordered: what read the old one has been issued before.
+double* CudaBatchNorm::parts_for(int shards) {
+  const size_t n = 2 * size_t(c_) * size_t(max_sum_runs(c_, ctx_.sms())) * size_t(std::max(shards, 1));
+  if (parts_size_ < n) {
+    if (parts_) ctx_.free(parts_);
+    parts_ = static_cast<double*>(ctx_.alloc(sizeof(double) * n));
+    parts_size_ = n;
+  }
+  return parts_;
+}
+
 void channel_sums_cuda(cuda::Context& ctx, const float* x, const float* mean, int images, int c, int hw,
-                       double* parts, double* out) {
+                       double* parts, double* out, int shards) {
   const int64_t values = int64_t(images) * hw;
   DDP_CHECK(values < (int64_t(1) << 31), values, " values a channel in one call; at most 2^31 are supported");
   const BnSplit plan = plan_bn_split(values, c, ctx.sms());
   const cudaStream_t s = ctx.compute();
-  bn_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c)), kThreads, 0, s>>>(values, plan.per_split, c, hw, x,
-                                                                                   mean, parts);
+  bn_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c), unsigned(shards)), kThreads, 0, s>>>(
+      values, plan.per_split, c, hw, values * c, x, mean, parts);
   DDP_CUDA_CHECK_LAUNCH(bn_run_sums_kernel);
-  bn_runs_kernel<<<cuda_grid(c), kCudaThreads, 0, s>>>(c, plan.splits, parts, out);
+  bn_runs_kernel<<<cuda_grid(c * shards), kCudaThreads, 0, s>>>(c * shards, plan.splits, parts, out);
   DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
 }
 
 namespace {
 
 template <typename Values>
-void nhwc_sums(cuda::Context& ctx, Values x, const float* mean, int64_t rows, int c, double* parts, double* out) {
+void nhwc_sums(cuda::Context& ctx, Values x, const float* mean, int64_t rows, int c, double* parts, double* out,
+               int shards = 1) {
   DDP_CHECK(rows < (int64_t(1) << 31), rows, " values a channel in one call; at most 2^31 are supported");
   if (c <= 0) return;
   const BnSplit plan = plan_nhwc_split(rows, c, ctx.sms());
   const cudaStream_t s = ctx.compute();
-  nhwc_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(nhwc_channel_groups(c))), kThreads, 0, s>>>(
-      rows, plan.per_split, c, x, mean, parts);
+  nhwc_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(nhwc_channel_groups(c)), unsigned(shards)), kThreads, 0,
+                         s>>>(rows, plan.per_split, c, x, mean, parts);
   DDP_CUDA_CHECK_LAUNCH(nhwc_run_sums_kernel);
-  bn_runs_kernel<<<cuda_grid(c), kCudaThreads, 0, s>>>(c, plan.splits, parts, out);
+  bn_runs_kernel<<<cuda_grid(c * shards), kCudaThreads, 0, s>>>(c * shards, plan.splits, parts, out);
   DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
 }
 
 }  // namespace
 
 void channel_sums_nhwc_cuda(cuda::Context& ctx, const float* x, const float* mean, int64_t rows, int c,
-                            double* parts, double* out) {
-  nhwc_sums(ctx, FloatValues{x}, mean, rows, c, parts, out);
+                            double* parts, double* out, int shards) {
+  nhwc_sums(ctx, FloatValues{x}, mean, rows, c, parts, out, shards);
 }
 
 void channel_sums_nhwc_half_cuda(cuda::Context& ctx, const uint16_t* x, Precision p, int64_t rows, int c,
@@ -407,8 +438,10 @@ void CudaBatchNorm::reduce(size_t n, const std::string& what) {
   DDP_CUDA_CHECK(cudaMemcpyAsync(sums_, host_.data(), sizeof(double) * n, cudaMemcpyHostToDevice, ctx_.compute()));
 }
 
-void CudaBatchNorm::channel_sums(const OpArgs& a, size_t width, const RunSum& sum, const std::string& what, bool) {
-  sum(0, a.batch, sums_);
+void CudaBatchNorm::channel_sums(const OpArgs& a, size_t width, const RunSum& sum, const AfterSum* after,
+                                 const std::string& what) {
+  sum(0, a.batch, 1, sums_);
+  if (after) (*after)(sums_);
   reduce(width, what);
 }
 
@@ -432,18 +465,18 @@ void CudaBatchNorm::forward_stats(const OpArgs& a) {
     const int64_t image = int64_t(c_) * hw_;
     channel_sums(
         a, size_t(c_),
-        [&](int64_t first, int images, double* out) {
-          launch_sums(images, a.x[0] + first * image, nullptr, nullptr, out);
+        [&](int64_t first, int images, int shards, double* out) {
+          launch_sums(images, shards, a.x[0] + first * image, nullptr, nullptr, out);
         },
-        "batch mean", /*backward=*/false);
+        nullptr, "batch mean");
     bn_mean_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, chan_);
     DDP_CUDA_CHECK_LAUNCH(bn_mean_kernel);
     channel_sums(
         a, size_t(c_),
-        [&](int64_t first, int images, double* out) {
-          launch_sums(images, a.x[0] + first * image, chan_, nullptr, out);
+        [&](int64_t first, int images, int shards, double* out) {
+          launch_sums(images, shards, a.x[0] + first * image, chan_, nullptr, out);
         },
-        "batch variance", /*backward=*/false);
+        nullptr, "batch variance");
     bn_train_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, op_.eps, op_.momentum, a.p[0], a.p[1], chan_,
                                                    a.buf[0], a.buf[1]);
     DDP_CUDA_CHECK_LAUNCH(bn_train_kernel);
@@ -462,15 +495,17 @@ void CudaBatchNorm::backward_from(const OpArgs& a, const float* dy, const float*
   // sum(dy) and sum(dy (x - mean)): 2c values. This rank's sums make its
   // weight and bias gradients; the input gradient needs them over every
   // rank the statistics came from.
+  const AfterSum grads = [&](const double* sums) {
+    bn_param_grads_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums, chan_, a.dp[0], a.dp[1]);
+    DDP_CUDA_CHECK_LAUNCH(bn_param_grads_kernel);
+  };
   channel_sums(
       a, 2 * size_t(c_),
-      [&](int64_t first, int images, double* out) {
-        launch_sums(images, a.x[0] + first * image, chan_, dy + first * image, out,
+      [&](int64_t first, int images, int shards, double* out) {
+        launch_sums(images, shards, a.x[0] + first * image, chan_, dy + first * image, out,
                     relu_y ? relu_y + first * image : nullptr);
-        bn_param_grads_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, out, chan_, a.dp[0], a.dp[1]);
-        DDP_CUDA_CHECK_LAUNCH(bn_param_grads_kernel);
       },
-      "gradient sums", /*backward=*/true);
+      &grads, "gradient sums");
   if (!dx && !dz) return;
   const double count = double(a.batch) * hw_ * (stats_ ? stats_->ranks() : 1);
   bn_backward_channel_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, a.p[0], chan_);

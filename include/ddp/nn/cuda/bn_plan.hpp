@@ -12,6 +12,16 @@
 // the channels and the GPU's SM count, never on timing: a call's sums repeat
 // bit for bit, and a micro-shard's sums (--deterministic) are the same at
 // every world size.
+//
+// Note [shards in one launch]: --deterministic sums each micro-shard of 16 on
+// its own (Note [micro-shards], deterministic/shards.hpp), one launch pair a
+// micro-shard and sum on the proven path. With the split sums (--gpu-kernels
+// next) one launch takes them all: a third grid dimension is the
+// micro-shard, each block offsets its pointers to its micro-shard's values
+// and its runs' slots, and the cut is the plan of one micro-shard's values,
+// so every block sums exactly what it would in a launch of its micro-shard
+// alone: the same bits, at every world size. The second pass adds the runs
+// of every micro-shard's channels at once.
 #pragma once
 
 #include <algorithm>

@@ -65,15 +65,18 @@ void channel_grad_from_half_cuda(float* db, const uint16_t* dyh, int64_t images,
 // sum of x over channel ch's images x hw values (with mean: of
 // (x - mean[ch])^2), in double, each channel cut into runs by plan_bn_split
 // and the runs added in order (the same bits every call); parts holds
-// max_bn_splits(c, ctx.sms()) * c doubles.
+// max_bn_splits(c, ctx.sms()) * c doubles. With shards > 1 (Note [shards in
+// one launch]): x holds that many such tensors one after another, each
+// summed as a call of its own would, into out + k * c (parts: that many
+// times the room).
 void channel_sums_cuda(cuda::Context& ctx, const float* x, const float* mean, int images, int c, int hw,
-                       double* parts, double* out);
+                       double* parts, double* out, int shards = 1);
 // The same over an NHWC tensor of `rows` rows (images x pixels) of c
 // channels (Note [channels last sums], nn/cuda/bn_plan.hpp); parts holds
 // max_sum_runs(c, ctx.sms()) * c doubles. The _half twin sums 16-bit values
 // (a bias gradient in bf16 or fp16: Note [half kernels]).
 void channel_sums_nhwc_cuda(cuda::Context& ctx, const float* x, const float* mean, int64_t rows, int c,
-                            double* parts, double* out);
+                            double* parts, double* out, int shards = 1);
 void channel_sums_nhwc_half_cuda(cuda::Context& ctx, const uint16_t* x, Precision p, int64_t rows, int c,
                                  double* parts, double* out);
 // Note [channels last] (nn/layout.hpp), src/nn/cuda/channels_last.cu:
@@ -243,15 +246,17 @@ class CudaBatchNorm : public Kernel {
   // modulo c: NCHW's pixels a plane, 1 in NHWC.
   int pixel_stride() const { return layout_ == Layout::NHWC ? 1 : hw_; }
   const float* chan() const { return chan_; }
-  // sum(first, images, out): launches the `width` per-channel sums of images
-  // first .. first + images of the call's batch into out (device memory;
-  // backward's also add their part of the weight and bias gradients).
-  using RunSum = std::function<void(int64_t first, int images, double* out)>;
+  // sum(first, images, shards, out): launches the `width` per-channel sums
+  // of each of `shards` consecutive runs of `images` images, from image
+  // `first` of the call's batch on, run k's into out + k * width (device
+  // memory). after(sums): backward's use of one run's sums, its part of the
+  // weight and bias gradients (nullptr in forward).
+  using RunSum = std::function<void(int64_t first, int images, int shards, double* out)>;
+  using AfterSum = std::function<void(const double* sums)>;
   // A call's per-channel sums, into sums_: here sum over the whole batch,
-  // then over the ranks with a StatsReducer (reduce). backward: the sums
-  // are backward's.
-  virtual void channel_sums(const OpArgs& a, size_t width, const RunSum& sum, const std::string& what,
-                            bool backward);
+  // then over the ranks with a StatsReducer (reduce).
+  virtual void channel_sums(const OpArgs& a, size_t width, const RunSum& sum, const AfterSum* after,
+                            const std::string& what);
   // sums_'s first n values summed over ranks when synchronised: a host
   // round trip (--gpu-kernels next: on the device, and none for one rank).
   void reduce(size_t n, const std::string& what);
@@ -259,9 +264,12 @@ class CudaBatchNorm : public Kernel {
   // (device; Note [batch norm sums]): without dy, of x, or with mean of
   // (x - mean)^2 (c values); with dy and mean, sum(dy) then
   // sum(dy (x - mean)) (2c values), dy passed only where relu_y > 0 when
-  // relu_y is given.
-  void launch_sums(int images, const float* x, const float* mean, const float* dy, double* out,
+  // relu_y is given. shards > 1 (the split sums only): that many runs of
+  // `images` images one after another, each summed as a launch of its own
+  // would sum it, into out + k * (c or 2c) (Note [shards in one launch]).
+  void launch_sums(int images, int shards, const float* x, const float* mean, const float* dy, double* out,
                    const float* relu_y = nullptr);
+  bool split() const { return split_; }
   const Op& op_;
   cuda::Context& ctx_;
   StatsReducer* stats_;
@@ -272,7 +280,9 @@ class CudaBatchNorm : public Kernel {
   float* chan_ = nullptr;   // device, per channel: mean, invstd, scale, shift, ...
   Layout layout_;
   bool split_;                // --gpu-kernels next or NHWC: the sums in runs
+  double* parts_for(int shards);  // parts_ with room for `shards` calls' runs
   double* parts_ = nullptr;  // device: each channel's run sums (Note [batch norm sums])
+  size_t parts_size_ = 0;    // doubles
   std::vector<double> host_;  // the sums on their way through the host
 };
 

@@ -1,0 +1,70 @@
+// BatchNorm's split sums over several micro-shards in one launch (Note
+// [shards in one launch], nn/cuda/bn_plan.hpp): each micro-shard's sums are
+// the bits of a launch of that micro-shard alone, in both layouts, forward
+// (of x, and of (x - mean)^2) and backward (with and without a ReLU mask).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ddp/nn/cuda/kernels.hpp"  // CudaBatchNorm
+#include "ddp/nn/graph.hpp"         // GraphBuilder
+#include "nn_cuda_test_util.hpp"
+
+namespace ddp::nn_cuda_test {
+namespace {
+
+using nn::Layout;
+
+// A BatchNorm whose sums the test launches itself.
+class SumProbe final : public nn::CudaBatchNorm {
+ public:
+  using CudaBatchNorm::CudaBatchNorm;
+  using CudaBatchNorm::launch_sums;
+};
+
+class CudaShardSums : public GpuTest {};
+
+TEST_F(CudaShardSums, MicroShardsInOneLaunchAreEachLaunchsOwnBits) {
+  // 40 channels (not a multiple of the NHWC blocks' 32), odd planes, and
+  // micro-shards big enough to be cut into several runs a channel.
+  constexpr int kC = 40, kShards = 4, kImages = 12;
+  const nn::Shape in{kC, 15, 13};
+  const size_t image = size_t(in.numel()), n = size_t(kShards) * kImages * image;
+  nn::GraphBuilder b("bn", in, /*pytorch_init=*/true);
+  const nn::Graph g = b.finish(b.batch_norm("bn", b.input()));
+  DeviceArray<float> x(ctx(), normal(n, 1)), dy(ctx(), normal(n, 2)), relu(ctx(), normal(n, 3)),
+      mean(ctx(), normal(kC, 4, 0.1));
+  ctx().set_next_kernels(true);
+  for (const Layout layout : {Layout::NCHW, Layout::NHWC}) {
+    SumProbe bn(g.ops[0], ctx(), nullptr, layout);
+    DeviceArray<double> together(ctx(), 2 * kC * kShards), alone(ctx(), 2 * kC * kShards);
+    struct Case {
+      const char* what;
+      const float *mean, *dy, *relu_y;
+    };
+    const std::vector<Case> cases = {{"sum of x", nullptr, nullptr, nullptr},
+                                     {"sum of (x - mean)^2", mean.get(), nullptr, nullptr},
+                                     {"gradient sums", mean.get(), dy.get(), nullptr},
+                                     {"gradient sums under a ReLU", mean.get(), dy.get(), relu.get()}};
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(layout == Layout::NHWC ? "NHWC, " : "NCHW, ") + c.what);
+      const size_t width = c.dy ? 2 * kC : kC;
+      for (double* p : {together.get(), alone.get()})
+        DDP_CUDA_CHECK(cudaMemsetAsync(p, 0, sizeof(double) * 2 * kC * kShards, ctx().compute()));
+      bn.launch_sums(kImages, kShards, x.get(), c.mean, c.dy, together.get(), c.relu_y);
+      for (int k = 0; k < kShards; ++k) {
+        const size_t at = size_t(k) * kImages * image;
+        bn.launch_sums(kImages, 1, x.get() + at, c.mean, c.dy ? c.dy + at : nullptr, alone.get() + k * width,
+                       c.relu_y ? c.relu_y + at : nullptr);
+      }
+      const std::vector<double> t = together.download(), a = alone.download();
+      EXPECT_EQ(std::memcmp(t.data(), a.data(), sizeof(double) * width * kShards), 0);
+      for (size_t i = 0; i < width * kShards; ++i) ASSERT_NE(a[i], 0.0) << "sum " << i << " was not written";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ddp::nn_cuda_test
