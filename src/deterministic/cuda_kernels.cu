@@ -152,9 +152,10 @@ class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
   std::vector<double> host_, host_out_;  // the sums on their way through the host
 };
 
-class CudaShardDevice final : public nn::CudaDevice {
+class CudaShardDevice final : public nn::CudaDevice, public ShardsTogether {
  public:
   using CudaDevice::CudaDevice;
+  bool shard_gradients_together() const override { return ctx_.next_kernels(); }
   std::unique_ptr<nn::Kernel> kernel(const nn::Graph& g, size_t i, nn::StatsReducer* stats) override {
     const Op& op = g.ops[i];
     if (op.kind == nn::OpKind::ConvReluPool) return std::make_unique<LaneConvReluPoolCuda>(op, ctx_);

@@ -31,18 +31,24 @@ constexpr int kThreads = 256;  // a power of two: the block maximum halves it
 
 unsigned grid_for(size_t n) { return unsigned(std::clamp<size_t>((n + kThreads - 1) / kThreads, 1, 4096)); }
 
-// acc[i] += to_fixed(g[i]) for the elements that fit; *max_bits = the largest
-// magnitude_bits(g[i]) of all of them.
+// acc[i] += the sum over k < shards of to_fixed(g[k * stride + i]) for the
+// values that fit; *max_bits = the largest magnitude_bits of all of them.
+// One micro-shard (shards = 1), or several at once (Note [shard gradients
+// together]): integers, the same sums in any order.
 __global__ void __launch_bounds__(kThreads)
-    quantize_add_kernel(const float* __restrict__ g, int64_t n, double scale, double limit,
-                        int64_t* __restrict__ acc, unsigned* __restrict__ max_bits) {
+    quantize_add_kernel(const float* __restrict__ g, int64_t n, int64_t stride, int shards, double scale,
+                               double limit, int64_t* __restrict__ acc, unsigned* __restrict__ max_bits) {
   __shared__ unsigned s[kThreads];
   unsigned m = 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float v = g[i];
-    m = max(m, unsigned(fixed_point::magnitude_bits(v)));
-    int64_t q;
-    if (fixed_point::to_fixed(v, scale, limit, &q)) acc[i] += q;
+    int64_t sum = 0;
+    for (int k = 0; k < shards; ++k) {
+      const float v = g[k * stride + i];
+      m = max(m, unsigned(fixed_point::magnitude_bits(v)));
+      int64_t q;
+      if (fixed_point::to_fixed(v, scale, limit, &q)) sum += q;
+    }
+    acc[i] += sum;
   }
   s[threadIdx.x] = m;
   __syncthreads();
@@ -92,16 +98,17 @@ class CudaExactGradientSum final : public ExactGradientSum {
   }
   int lanes() const override { return 1; }
 
-  void add(int lane, const float* g, size_t first, size_t count) override {
+  void add(int lane, const float* g, size_t first, size_t count) override { add_shards(lane, g, 0, 1, first, count); }
+  void add_shards(int lane, const float* g, size_t stride, int shards, size_t first, size_t count) override {
     check_add(lane, 1, first, count);
-    if (count == 0) return;
+    if (count == 0 || shards <= 0) return;
     const size_t base = offsets_[first];
     const double limit = std::ldexp(1.0, limit_bits_);
     for (size_t p = first; p < first + count; ++p) {
       if (numels_[p] == 0) continue;
       quantize_add_kernel<<<grid_for(numels_[p]), kThreads, 0, ctx_.compute()>>>(
-          g + (offsets_[p] - base), int64_t(numels_[p]), std::ldexp(1.0, int(exponents_[p])), limit,
-          acc_ + offsets_[p], max_bits_ + p);
+          g + (offsets_[p] - base), int64_t(numels_[p]), int64_t(stride), shards,
+          std::ldexp(1.0, int(exponents_[p])), limit, acc_ + offsets_[p], max_bits_ + p);
       DDP_CUDA_CHECK_LAUNCH(quantize_add_kernel);
     }
   }

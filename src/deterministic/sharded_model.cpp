@@ -126,12 +126,13 @@ void ShardedModel::op_backward(size_t i, const float* dy, const std::vector<floa
 }
 
 // Micro-shard s's parameter gradients (and its input gradient unless a
-// run's call took it, `runs`) in a call of its own, handed to to_.
+// run's call took it, `runs`) in a call of its own, handed to to_ (or left
+// in `into` for the caller to hand over).
 void ShardedModel::backward_one_shard(size_t i, LaneKernel* k, int64_t s, int lane, const float* dy,
-                                      const std::vector<float*>& dx, bool runs) {
+                                      const std::vector<float*>& dx, bool runs, float* into) {
   const std::vector<size_t>& ps = graph().op_params[i];
   OpArgs part = shard_args(i, args(i), s);
-  float* g = lane_grads_[size_t(lane)]->data();
+  float* g = into ? into : lane_grads_[size_t(lane)]->data();
   const size_t base = ps.empty() ? 0 : graph().params[ps.front()].offset;
   for (size_t j = 0; j < ps.size(); ++j) part.dp[j] = g + (graph().params[ps[j]].offset - base);
   const std::vector<float*> dx_part = runs ? std::vector<float*>(dx.size(), nullptr) : dx_of(i, dx, s * shard_);
@@ -141,7 +142,19 @@ void ShardedModel::backward_one_shard(size_t i, LaneKernel* k, int64_t s, int la
   else
     kernel(i).backward(part, dy_part, dx_part);
   if (half_op(i) && !ps.empty()) device().round(g, g, param_span(i).second, precision());
-  if (!ps.empty()) take_grads(i, g, lane);
+  if (!ps.empty() && !into) take_grads(i, g, lane);
+}
+
+// Note [shard gradients together] (deterministic/shards.hpp).
+void ShardedModel::backward_shards_together(size_t i, LaneKernel* k, int64_t shards, const float* dy,
+                                            const std::vector<float*>& dx, bool runs) {
+  const std::vector<size_t>& ps = graph().op_params[i];
+  const size_t span = param_span(i).second, n = size_t(shards) * span;
+  if (!shard_grads_ || shard_grads_->size() < n) shard_grads_ = device().alloc(n);  // zero-filled
+  float* all = shard_grads_->data();
+  for (int64_t s = 0; s < shards; ++s) backward_one_shard(i, k, s, 0, dy, dx, runs, all + size_t(s) * span);
+  to_->take_shards(0, all, span, int(shards), ps.front(), ps.size());
+  device().fill(all, n, 0.0f);
 }
 
 // Note [lanes]: each lane's parameter gradients in its own buffer. Note
@@ -174,8 +187,11 @@ void ShardedModel::backward_lanes(size_t i, const float* dy, const std::vector<f
     });
   }
   // An op without parameters has nothing left once its runs took dx.
-  if (!fixed && !(runs && ps.empty()))
-    for_lanes(batch / shard_, [&](int64_t s, int lane) { backward_one_shard(i, k, s, lane, dy, dx, runs); });
+  if (fixed || (runs && ps.empty())) return;
+  const auto* together = dynamic_cast<const ShardsTogether*>(&device());
+  if (!lanes_ && !ps.empty() && together && together->shard_gradients_together())
+    return backward_shards_together(i, k, batch / shard_, dy, dx, runs);
+  for_lanes(batch / shard_, [&](int64_t s, int lane) { backward_one_shard(i, k, s, lane, dy, dx, runs); });
 }
 
 }  // namespace ddp::deterministic

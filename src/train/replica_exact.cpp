@@ -37,6 +37,9 @@ class ToExactSum final : public deterministic::ShardGradients {
  public:
   ToExactSum(ExactGradientSum& sum, comm::Communicator& comm) : sum_(sum), comm_(comm) {}
   void take(int lane, const float* g, size_t first, size_t count) override { sum_.add(lane, g, first, count); }
+  void take_shards(int lane, const float* g, size_t stride, int shards, size_t first, size_t count) override {
+    sum_.add_shards(lane, g, stride, shards, first, count);
+  }
   bool sinks(int lane, size_t first, size_t count, fixed_point::Sink* out) override {
     return sum_.sinks(lane, first, count, out);
   }

@@ -93,6 +93,13 @@ class ExactGradientSum {
   // `lane`: g[0] is param first's element 0, the params laid out as in the
   // flat buffer. Lanes may call at once, for the same params.
   virtual void add(int lane, const float* g, size_t first, size_t count) = 0;
+  // Note [shard gradients together] (deterministic/shards.hpp): `shards`
+  // micro-shards' gradients at once, micro-shard k's at g + k * stride (each
+  // laid out as add's g): what as many adds would sum (integers: in any
+  // order), here add by add; a GPU's in one launch a parameter.
+  virtual void add_shards(int lane, const float* g, size_t stride, int shards, size_t first, size_t count) {
+    for (int k = 0; k < shards; ++k) add(lane, g + size_t(k) * stride, first, count);
+  }
   // Note [fixed-point epilogue] (nn/cpu/packed_gemm.hpp): in place of add, where
   // lane `lane`'s sums of params [first, first + count) live in host memory,
   // one Sink a param into out (what the caller adds there counts as added);

@@ -23,6 +23,13 @@ class ShardGradients {
   // in flat order), g[0] being param first's element 0. Lanes call at once,
   // each with its own lane (Note [lanes]); g is the lane's until it returns.
   virtual void take(int lane, const float* g, size_t first, size_t count) = 0;
+  // Note [shard gradients together] (deterministic/shards.hpp): `shards`
+  // consecutive micro-shards' gradients of params [first, first + count) at
+  // once, micro-shard k's at g + k * stride (each laid out as take's g), in
+  // place of as many takes; here those takes, in order.
+  virtual void take_shards(int lane, const float* g, size_t stride, int shards, size_t first, size_t count) {
+    for (int k = 0; k < shards; ++k) take(lane, g + size_t(k) * stride, first, count);
+  }
   // Note [fixed-point epilogue] (nn/cpu/packed_gemm.hpp): where lane `lane`'s
   // gradients of params [first, first + count) go when they are fixed-point
   // sums in host memory (one Sink a param, into out), for a kernel that
@@ -74,8 +81,15 @@ class ShardedModel : public nn::Model {
   // Op i's forward of a part (a micro-shard or a run) whose first sample is
   // `first`, on `lane`.
   void call_forward(size_t i, LaneKernel* k, const nn::OpArgs& part, int lane, int64_t first);
+  // Micro-shard `shard`'s parameter gradients (and its input gradient
+  // unless `runs` took it): into `into` where given (Note [shard gradients
+  // together]: the caller takes them), else into the lane's buffer, taken.
   void backward_one_shard(size_t i, LaneKernel* k, int64_t shard, int lane, const float* dy,
-                          const std::vector<float*>& dx, bool runs);
+                          const std::vector<float*>& dx, bool runs, float* into = nullptr);
+  // Note [shard gradients together]: op i's micro-shards one after another,
+  // their parameter gradients into buffers of their own, taken at once.
+  void backward_shards_together(size_t i, LaneKernel* k, int64_t shards, const float* dy,
+                                const std::vector<float*>& dx, bool runs);
   void backward_lanes(size_t i, const float* dy, const std::vector<float*>& dx, int batch);
   // Hands op i's parameter gradients in g (laid out from its first
   // parameter's offset) to to_ from lane `lane`, and zeroes them.
@@ -87,6 +101,7 @@ class ShardedModel : public nn::Model {
   // Note [lanes]: each lane's parameter gradients of one op (as many floats
   // as the op with the most parameters has), made at the first backward_shards.
   std::vector<std::unique_ptr<nn::Array>> lane_grads_;
+  std::unique_ptr<nn::Array> shard_grads_;  // Note [shard gradients together], grown to fit
 };
 
 }  // namespace ddp::deterministic

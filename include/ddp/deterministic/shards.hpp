@@ -37,6 +37,15 @@
 // into the fixed-point sums itself (Note [fixed-point epilogue] in
 // nn/cpu/packed_gemm.hpp). Evaluation's last, smaller micro-shard is a call
 // alone.
+//
+// Note [shard gradients together]: on a device without lanes (a GPU: its
+// micro-shards follow one another on one stream) that asks for it
+// (ShardsTogether), an op's micro-shards write
+// their parameter gradients into buffers of their own, one after another,
+// and the fixed-point sums take them all at once
+// (ShardGradients::take_shards, ExactGradientSum::add_shards: one launch a
+// parameter rather than one a parameter and micro-shard, and one zeroing
+// rather than 16). Integer sums: the same integers in any order.
 #pragma once
 
 #include <cstddef>
@@ -66,6 +75,15 @@ class Lanes {
   virtual int lanes() const = 0;
   // body(i, lane) for every i in [0, n), each on some lane (no two at once on one).
   virtual void for_lanes(int64_t n, const std::function<void(int64_t, int)>& body) = 0;
+};
+
+// Note [shard gradients together]: a device without lanes that says whether
+// its micro-shards' gradients go over together (the GPU's: with
+// --gpu-kernels next).
+class ShardsTogether {
+ public:
+  virtual ~ShardsTogether() = default;
+  virtual bool shard_gradients_together() const = 0;
 };
 
 // A kernel that runs micro-shards on lanes. A kernel that is not one is

@@ -7,6 +7,7 @@
 // the loss kernel's exact mode adds in multiples of 2^-20, as the CPU does.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -33,7 +34,10 @@ TEST_F(CudaExactSum, VerdictsExponentsAndSumsAreTheHosts) {
   test::OneRank one;
   HostExactGradientSum host(numels, shards);
   auto gpu = make_cuda_exact_sum(numels, shards, ctx(), [this](const std::string&) { ctx().sync(); });
-  DeviceArray<float> g(ctx(), n), out(ctx(), n);
+  // Note [shard gradients together]: every micro-shard at once, in one add_shards.
+  auto together = make_cuda_exact_sum(numels, shards, ctx(), [this](const std::string&) { ctx().sync(); });
+  DeviceArray<float> g(ctx(), n), out(ctx(), n), all(ctx(), n * shards);
+  std::vector<float> all_host(n * shards);
   std::vector<float> want(n);
   int redone = 0;
   // Small gradients (done), large ones the first exponents cannot hold (a
@@ -43,16 +47,28 @@ TEST_F(CudaExactSum, VerdictsExponentsAndSumsAreTheHosts) {
     SCOPED_TRACE("step " + std::to_string(step));
     host.begin_step();
     gpu->begin_step();
+    together->begin_step();
     for (int s = 0; s < shards; ++s) {
       std::vector<float> v = normal(n, 100 * step + uint64_t(s), scales[step]);
       if (step + 1 == scales.size() && s == 3) v[n - 5] = std::numeric_limits<float>::quiet_NaN();
       test::add_shard(host, numels, v.data());
       g.upload(v);  // after the previous shard's kernels: the same stream
       test::add_shard(*gpu, numels, g.get());
+      std::copy(v.begin(), v.end(), all_host.begin() + std::ptrdiff_t(s * n));
     }
+    all.upload(all_host);
+    together->add_shards(0, all.get(), n, shards, 0, numels.size());
     const auto want_r = host.finish(one, want.data());
     const auto got_r = gpu->finish(one, out.get());
     ASSERT_EQ(int(got_r), int(want_r));
+    {
+      DeviceArray<float> out_together(ctx(), n);
+      ASSERT_EQ(int(together->finish(one, out_together.get())), int(want_r));
+      EXPECT_EQ(together->exponents(), host.exponents());
+      if (want_r == ExactGradientSum::Result::Done) {
+        EXPECT_EQ(bits(out_together.download()), bits(want));
+      }
+    }
     redone += got_r == ExactGradientSum::Result::Redo;
     EXPECT_EQ(gpu->exponents(), host.exponents());
     const std::vector<float> got = out.download();

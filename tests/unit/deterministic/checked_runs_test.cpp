@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -74,12 +75,14 @@ class Counted final : public nn::Kernel {
 
 // The CPU's deterministic device with one lane, whose checkable ops run the
 // CPU's plain kernels (counted; the op named `skewed` skewed by `skew`): in
-// CheckedRuns where `checked`, else one call a micro-shard (the reference).
-class OneLaneDevice final : public nn::Device {
+// CheckedRuns where `checked`, else one call a micro-shard (the reference);
+// without lanes, its micro-shards' gradients taken together, as a GPU's.
+class OneLaneDevice : public nn::Device, public ShardsTogether {
  public:
   OneLaneDevice(bool checked, std::string skewed = "", Skew skew = Skew::None)
       : checked_(checked), skewed_(std::move(skewed)), skew_(skew) {}
   std::string name() const override { return "one-lane cpu"; }
+  bool shard_gradients_together() const override { return true; }
   std::unique_ptr<nn::Kernel> kernel(const Graph& g, size_t i, nn::StatsReducer* stats) override {
     const nn::Op& op = g.ops[i];
     if (!checkable_in_runs(op.kind)) return shards_->kernel(g, i, stats);
@@ -115,8 +118,23 @@ class OneLaneDevice final : public nn::Device {
   std::unique_ptr<nn::Device> shards_ = make_cpu_device(1), plain_ = nn::make_cpu_device(1);
 };
 
+// A device of one lane as the CPU's are (Lanes): each micro-shard's
+// gradients taken on their own.
+class LanedDevice final : public OneLaneDevice, public Lanes {
+ public:
+  using OneLaneDevice::OneLaneDevice;
+  int lanes() const override { return 1; }
+  void for_lanes(int64_t n, const std::function<void(int64_t, int)>& body) override {
+    for (int64_t i = 0; i < n; ++i) body(i, 0);
+  }
+};
+
 struct Grads final : ShardGradients {
   explicit Grads(const Graph& g) : g(g), shards(g.params.size()) {}
+  void take_shards(int lane, const float* p, size_t stride, int n, size_t first, size_t count) override {
+    ++together;
+    ShardGradients::take_shards(lane, p, stride, n, first, count);
+  }
   void take(int, const float* p, size_t first, size_t count) override {
     const size_t base = g.params[first].offset;
     for (size_t q = first; q < first + count; ++q)
@@ -125,6 +143,7 @@ struct Grads final : ShardGradients {
   void taken(size_t, size_t) override {}
   const Graph& g;
   std::vector<std::vector<std::vector<float>>> shards;  // per param, per micro-shard
+  int together = 0;  // take_shards' calls
 };
 
 // What a model on such a device computes in two training steps' forward and
@@ -134,6 +153,7 @@ struct Steps {
   std::vector<float> logits, eval;
   std::vector<std::vector<std::vector<float>>> grads;
   std::map<std::string, Calls> second;
+  int together = 0;  // the last step's take_shards calls
 };
 
 Steps run(OneLaneDevice& device, const nn::test::Batch& b) {
@@ -151,6 +171,7 @@ Steps run(OneLaneDevice& device, const nn::test::Batch& b) {
     Grads g(model.graph());
     model.backward_shards(d.data(), kBatch, g);
     s.grads = g.shards;
+    s.together = g.together;
   }
   s.second = device.calls;
   const float* e = model.forward_shards(b.x.data(), 11, Mode::Eval, kShard);  // a last micro-shard of 2
@@ -226,6 +247,22 @@ TEST(CheckedRuns, AOneCallThatFailsRunsMicroShardByMicroShard) {
   EXPECT_EQ(got.second.at("block1.conv1").forward, kShards);
   EXPECT_EQ(got.second.at("block1.conv1").backward, kShards);
   EXPECT_EQ(got.second.at("block1.add").forward, 1);
+}
+
+// Note [shard gradients together]: on a device without lanes an op's
+// micro-shards' parameter gradients are handed over in one take_shards,
+// each micro-shard's the bits it has when taken alone (a lane's).
+TEST(ShardGradients, WithoutLanesAnOpsMicroShardsAreTakenTogether) {
+  const nn::test::Batch b = nn::test::random_batch(kBatch, 34, 2 * 8 * 8, kClasses);
+  OneLaneDevice together(false);
+  LanedDevice one_by_one(false);
+  const Steps got = run(together, b), want = run(one_by_one, b);
+  EXPECT_EQ(got.logits, want.logits);
+  EXPECT_EQ(got.grads, want.grads);
+  EXPECT_EQ(want.together, 0);
+  // The tiny ResNet's six convolutions and fc (BatchNorm hands its
+  // micro-shards over as it sums them).
+  EXPECT_EQ(got.together, 7);
 }
 
 TEST(CheckedRuns, OnlyOpsWithoutBatchStatisticsOrKeptSamplesAreChecked) {
