@@ -1,6 +1,8 @@
 // DeviceLossScale (device_loss_scale.hpp): Note [loss scale on the device].
 #include "device_loss_scale.hpp"
 
+#include "ddp/core/error.hpp"  // DDP_CHECK
+
 namespace ddp::train {
 
 DeviceLossScale::DeviceLossScale(Backend& backend, optim::GradScaler& host, optim::Optimizer& optimizer)
@@ -9,7 +11,8 @@ DeviceLossScale::DeviceLossScale(Backend& backend, optim::GradScaler& host, opti
 }
 
 void DeviceLossScale::push() {
-  catch_up();
+  DDP_CHECK(!in_flight_, "fp16: a loss scale pushed with a step's outcome on its way (catch_up first)");
+  unreported_.reset();
   kernels_.set_loss_scale(host_.state());
 }
 

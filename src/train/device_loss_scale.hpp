@@ -36,7 +36,9 @@ class DeviceLossScale {
  public:
   DeviceLossScale(Backend& backend, optim::GradScaler& host, optim::Optimizer& optimizer);
 
-  // The host's scaler state to the device (at the start, and on a resume).
+  // The host's scaler state to the device (at the start, and on a resume),
+  // after catch_up: a step still on its way belongs to the state replaced,
+  // and is not reported.
   void push();
   // d(loss) of n values times the device's scale.
   void scale(float* dlogits, size_t n);

@@ -92,6 +92,11 @@ bool Trainer::checkpoint_in_epoch(Epoch& e) {
   const bool due = cfg_.checkpoint_every > 0 && position_.global_step % cfg_.checkpoint_every == 0;
   if (!sig && !due) return true;
   comm::Communicator& comm = replica_->comm();
+  // The last step's outcome first where the loss scale decides on the
+  // device (Note [loss scale on the device]): a run that diverged there
+  // saves nothing, and a skip counts in this epoch.
+  if (check_step(comm, replica_->settle(), replica_->scaler(), e.index, e.step, position_.global_step))
+    ++e.skipped_steps;
   take_sums(e);
   double part[3] = {e.sums.loss, e.sums.correct, e.sums.samples};
   comm.allreduce_doubles(part, 3, /*max=*/false, "checkpoint epoch sums");

@@ -59,6 +59,9 @@ Replica::~Replica() {
 }
 
 void Replica::push(const TrainState& s) {
+  // A step's outcome still on its way belongs to the state being replaced
+  // (Note [loss scale on the device]): taken first, then overwritten.
+  if (device_scale_) device_scale_->catch_up();
   model_->set_state(s.model);
   optimizer_->set_state(s.optimizer);
   if (exact_ && !s.grad_exponents.empty()) exact_->sum->set_exponents(s.grad_exponents);

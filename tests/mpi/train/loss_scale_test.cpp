@@ -26,6 +26,35 @@ TEST(LossScale, OnTheDeviceAnOverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
   });
 }
 
+// A state pushed while a step's outcome is still on its way (a step that
+// overflowed) stands as pushed: the late outcome belongs to the state it
+// replaces, and moves neither the scale nor the optimizer's step count.
+TEST(LossScale, OnTheDeviceAPushedStateIsNotMovedByTheStepBeforeIt) {
+  const World w = ddp::test::test_world();
+  const nn::Graph g = nn::model_graph("lenet", {1, 28, 28}, 10);
+  Config cfg;
+  cfg.batch_size = test::kLossScalePerRank * w.size;
+  cfg.precision = "fp16";
+  cfg.init_scale = 0x1p40;  // the first step overflows
+  cfg.momentum = 0.9;
+  Replica replica(cfg, optimizer_options(cfg),
+                  make_cpu_backend(comm::make_mpi_communicator(w), 0, /*loss_scale_on_device=*/true), g);
+  TrainState start;
+  start.model = nn::init_state(g, 5);
+  replica.push(start);
+  replica.train_step(loss_scale_batch(w.rank, 0), 0.05);  // skipped: read at the next step
+  TrainState resumed;
+  resumed.model = nn::init_state(g, 6);
+  resumed.loss_scale = 1024.0f;
+  resumed.scaler_growth_tracker = 3;
+  replica.push(resumed);
+  EXPECT_EQ(replica.scaler()->scale(), 1024.0f);
+  EXPECT_EQ(replica.scaler()->growth_tracker(), 3);
+  EXPECT_EQ(replica.optimizer().steps(), 0);
+  const StepHealth h = replica.train_step(loss_scale_batch(w.rank, 1), 0.05);
+  EXPECT_FALSE(h.skipped) << "the step before the push was reported after it";
+}
+
 // Note [loss scale on the device]: the decisions made on the device and read
 // a step late take every step the host's do, bit for bit: parameters,
 // AdamW's moments and step count (its bias corrections), the clipping
