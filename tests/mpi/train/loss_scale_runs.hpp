@@ -42,14 +42,21 @@ inline void expect_same_on_every_rank(const World& w, const std::vector<float>& 
       ASSERT_EQ(all[size_t(r) * v.size() + i], all[i]) << what << ": rank " << r << " differs at " << i;
 }
 
+// The tests' fp16 configuration: kLossScalePerRank samples a rank, the
+// scale starting at init_scale.
+inline Config fp16_config(const World& w, double init_scale) {
+  Config cfg;
+  cfg.batch_size = kLossScalePerRank * w.size;
+  cfg.precision = "fp16";
+  cfg.init_scale = init_scale;
+  return cfg;
+}
+
 // make may put the loss scale's decisions on the device (Note [loss scale on
 // the device]): each step's outcome is then what the step or settle() after
 // it reports.
 inline void expect_overflow_skipped_and_halved(const World& w, const MakeBackend& make) {
-  Config cfg;
-  cfg.batch_size = kLossScalePerRank * w.size;
-  cfg.precision = "fp16";
-  cfg.init_scale = 0x1p40;  // d(loss) * 2^40 is far past fp16's 65504
+  Config cfg = fp16_config(w, 0x1p40);  // d(loss) * 2^40 is far past fp16's 65504
   cfg.growth_interval = 1000;
   cfg.momentum = 0.9;
   const nn::Graph g = nn::model_graph("lenet", {1, 28, 28}, 10);

@@ -32,10 +32,7 @@ TEST(LossScale, OnTheDeviceAnOverflowSkipsTheStepOnEveryRankAndHalvesTheScale) {
 TEST(LossScale, OnTheDeviceAPushedStateIsNotMovedByTheStepBeforeIt) {
   const World w = ddp::test::test_world();
   const nn::Graph g = nn::model_graph("lenet", {1, 28, 28}, 10);
-  Config cfg;
-  cfg.batch_size = test::kLossScalePerRank * w.size;
-  cfg.precision = "fp16";
-  cfg.init_scale = 0x1p40;  // the first step overflows
+  Config cfg = test::fp16_config(w, 0x1p40);  // the first step overflows
   cfg.momentum = 0.9;
   Replica replica(cfg, optimizer_options(cfg),
                   make_cpu_backend(comm::make_mpi_communicator(w), 0, /*loss_scale_on_device=*/true), g);
@@ -63,10 +60,7 @@ TEST(LossScale, OnTheDeviceAPushedStateIsNotMovedByTheStepBeforeIt) {
 TEST(LossScale, DecisionsOnTheDeviceAreTheHostsBitForBit) {
   const World w = ddp::test::test_world();
   const nn::Graph g = nn::model_graph("lenet", {1, 28, 28}, 10);
-  Config cfg;
-  cfg.batch_size = test::kLossScalePerRank * w.size;
-  cfg.precision = "fp16";
-  cfg.init_scale = 0x1p26;
+  Config cfg = test::fp16_config(w, 0x1p26);
   cfg.growth_interval = 3;
   cfg.optimizer = "adamw";
   cfg.clip_grad_norm = 0.1;  // below the norms: every step clips
