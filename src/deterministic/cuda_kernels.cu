@@ -56,7 +56,8 @@ __global__ void differ_kernel(int64_t n, const uint32_t* __restrict__ a, const u
 // bounded.
 bool same_bits_cuda(cuda::Context& ctx, const float* a, const float* b, size_t n) {
   if (n == 0) return true;
-  auto* differ = static_cast<int*>(ctx.alloc(sizeof(int)));
+  cuda::DeviceBuffer flag(ctx, 1);  // one float's room for an int
+  auto* differ = reinterpret_cast<int*>(flag.data());
   DDP_CUDA_CHECK(cudaMemsetAsync(differ, 0, sizeof(int), ctx.compute()));
   differ_kernel<<<nn::cuda_grid(int64_t(n)), nn::kCudaThreads, 0, ctx.compute()>>>(
       int64_t(n), reinterpret_cast<const uint32_t*>(a), reinterpret_cast<const uint32_t*>(b), differ);
@@ -64,7 +65,6 @@ bool same_bits_cuda(cuda::Context& ctx, const float* a, const float* b, size_t n
   int host = 0;
   DDP_CUDA_CHECK(cudaMemcpyAsync(&host, differ, sizeof(int), cudaMemcpyDeviceToHost, ctx.compute()));
   ctx.sync();
-  ctx.free(differ);
   return host == 0;
 }
 
