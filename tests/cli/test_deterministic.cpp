@@ -126,22 +126,27 @@ TEST_P(Deterministic, ResNet18WithSyncBatchNormIsBitwiseTheSameAtOneTwoAndFourRa
 }
 
 // On GPUs only: the kernels not yet proven (--gpu-kernels next: BatchNorm's
-// split sums, one rank's micro-shard sums added on the device, cuDNN's graph
-// API) and NHWC activations (--channels-last) keep the promise too.
+// split sums, all micro-shards' in one launch, one rank's micro-shard sums
+// added on the device, cuDNN's graph API, micro-shards in one checked call,
+// their gradients taken together) keep the promise, in both layouts (NCHW,
+// and NHWC activations with --channels-last).
 class DeterministicNext : public Deterministic {};
 
-TEST_P(DeterministicNext, ResNet18WithChannelsLastIsBitwiseTheSameAtOneTwoAndFourRanks) {
-  const std::string args = std::string("--model resnet18 --data-dir ") + DDP_DATA_DIR +
-                           " --batch-size 32 --lr 0.05 --momentum 0.9 --seed 3 --deterministic "
-                           "--deterministic-shards 8 --sync-bn --train-limit 96 --epochs 1 --quiet"
-                           " --gpu-kernels next --channels-last";
-  for (int np : {1, 2, 4}) {
-    SCOPED_TRACE("np " + std::to_string(np));
-    auto r = run(np, args + " --output-model " + path("np" + std::to_string(np)));
-    ASSERT_EQ(r.status, 0) << r.err;
-    if (np > 1)
-      expect_bitwise_equal(checkpoint::read_safetensors(path("np1")),
-                           checkpoint::read_safetensors(path("np" + std::to_string(np))));
+TEST_P(DeterministicNext, ResNet18IsBitwiseTheSameAtOneTwoAndFourRanksInBothLayouts) {
+  for (const std::string layout : {"", " --channels-last"}) {
+    const std::string args = std::string("--model resnet18 --data-dir ") + DDP_DATA_DIR +
+                             " --batch-size 32 --lr 0.05 --momentum 0.9 --seed 3 --deterministic "
+                             "--deterministic-shards 8 --sync-bn --train-limit 96 --epochs 1 --quiet"
+                             " --gpu-kernels next" + layout;
+    const std::string tag = layout.empty() ? "nchw" : "nhwc";
+    for (int np : {1, 2, 4}) {
+      SCOPED_TRACE(tag + ", np " + std::to_string(np));
+      auto r = run(np, args + " --output-model " + path(tag + std::to_string(np)));
+      ASSERT_EQ(r.status, 0) << r.err;
+      if (np > 1)
+        expect_bitwise_equal(checkpoint::read_safetensors(path(tag + "1")),
+                             checkpoint::read_safetensors(path(tag + std::to_string(np))));
+    }
   }
 }
 
