@@ -106,11 +106,19 @@ class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
     double* per = shard_sums(n, width);
     const bool together = split() && ctx_.next_kernels();
     if (together) sum(0, shard_, n, per);
-    for (int k = 0; k < n; ++k) {
-      if (!together) sum(int64_t(k) * shard_, shard_, 1, per + size_t(k) * width);
-      if (!after) continue;
-      (*after)(per + size_t(k) * width);
-      (*take_)();
+    if (after && together && together_) {
+      // Note [shard gradients together]: every micro-shard's gradients at
+      // once, taken at once.
+      grads_.reserve(ctx_, size_t(n) * width);
+      param_grads_of_shards(n, per, grads_.data());
+      (*together_)(grads_.data(), width, n);
+    } else {
+      for (int k = 0; k < n; ++k) {
+        if (!together) sum(int64_t(k) * shard_, shard_, 1, per + size_t(k) * width);
+        if (!after) continue;
+        (*after)(per + size_t(k) * width);
+        (*take_)();
+      }
     }
     reduce_shards(n, width, what);
   }
@@ -147,6 +155,7 @@ class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
         cudaMemcpyAsync(sums_, host_out_.data(), sizeof(double) * width, cudaMemcpyHostToDevice, ctx_.compute()));
   }
   ShardStats* shard_stats_;
+  cuda::DeviceBuffer grads_;     // Note [shard gradients together]: each micro-shard's weight and bias gradients
   double* per_shard_ = nullptr;  // device: each micro-shard's sums
   size_t per_shard_size_ = 0;
   std::vector<double> host_, host_out_;  // the sums on their way through the host

@@ -20,15 +20,17 @@ class ShardedBatch : public BatchNorm, public ShardedBatchKernel {
     this->forward(a);
   }
   void backward_shards(const nn::OpArgs& a, const float* dy, const std::vector<float*>& dx, int shard,
-                       const std::function<void()>& take) override {
+                       const std::function<void()>& take, const TakeShards* together) override {
     Scoped<int> in(shard_, shard);
     Scoped<const std::function<void()>*> taking(take_, &take);
+    Scoped<const TakeShards*> all(together_, together);
     this->backward(a, dy, dx);
   }
 
  protected:
   int shard_ = 0;  // the micro-shards of the call running (0: a plain call)
   const std::function<void()>* take_ = nullptr;  // backward_shards': takes a micro-shard's gradients
+  const TakeShards* together_ = nullptr;         // backward_shards': takes them all at once, or nullptr
 };
 
 }  // namespace ddp::deterministic

@@ -117,8 +117,11 @@ void ShardedModel::op_backward(size_t i, const float* dy, const std::vector<floa
     // Note [micro-shards]: the kernel hands over its shards' gradients, in
     // grads(), off the lanes.
     const OpArgs& a = args(i);
-    dynamic_cast<ShardedBatchKernel&>(kernel(i)).backward_shards(a, dy, dx, last_shard_,
-                                                                  [&] { take_grads(i, a.dp[0], 0); });
+    const ShardedBatchKernel::TakeShards all = [&](const float* g, size_t stride, int shards) {
+      to_->take_shards(0, g, stride, shards, ps.front(), ps.size());
+    };
+    dynamic_cast<ShardedBatchKernel&>(kernel(i)).backward_shards(
+        a, dy, dx, last_shard_, [&] { take_grads(i, a.dp[0], 0); }, !lanes_ && together() ? &all : nullptr);
   } else {
     backward_lanes(i, dy, dx, batch);
   }
@@ -143,6 +146,11 @@ void ShardedModel::backward_one_shard(size_t i, LaneKernel* k, int64_t s, int la
     kernel(i).backward(part, dy_part, dx_part);
   if (half_op(i) && !ps.empty()) device().round(g, g, param_span(i).second, precision());
   if (!ps.empty() && !into) take_grads(i, g, lane);
+}
+
+bool ShardedModel::together() {
+  const auto* t = dynamic_cast<const ShardsTogether*>(&device());
+  return t && t->shard_gradients_together();
 }
 
 // Note [shard gradients together] (deterministic/shards.hpp).
@@ -188,9 +196,7 @@ void ShardedModel::backward_lanes(size_t i, const float* dy, const std::vector<f
   }
   // An op without parameters has nothing left once its runs took dx.
   if (fixed || (runs && ps.empty())) return;
-  const auto* together = dynamic_cast<const ShardsTogether*>(&device());
-  if (!lanes_ && !ps.empty() && together && together->shard_gradients_together())
-    return backward_shards_together(i, k, batch / shard_, dy, dx, runs);
+  if (!lanes_ && !ps.empty() && together()) return backward_shards_together(i, k, batch / shard_, dy, dx, runs);
   for_lanes(batch / shard_, [&](int64_t s, int lane) { backward_one_shard(i, k, s, lane, dy, dx, runs); });
 }
 

@@ -86,6 +86,8 @@ class ShardedModel : public nn::Model {
   // together]: the caller takes them), else into the lane's buffer, taken.
   void backward_one_shard(size_t i, LaneKernel* k, int64_t shard, int lane, const float* dy,
                           const std::vector<float*>& dx, bool runs, float* into = nullptr);
+  // Whether the device asks for Note [shard gradients together].
+  bool together();
   // Note [shard gradients together]: op i's micro-shards one after another,
   // their parameter gradients into buffers of their own, taken at once.
   void backward_shards_together(size_t i, LaneKernel* k, int64_t shards, const float* dy,

@@ -140,13 +140,17 @@ class ShardStats {
 // micro-shard by micro-shard (of `shard` samples) and added in shard order:
 // over every rank through the ShardStats its device was given, else this
 // rank's alone. backward_shards calls take() once each micro-shard's weight
-// and bias gradients alone are in a.dp (take takes them and zeroes a.dp).
+// and bias gradients alone are in a.dp (take takes them and zeroes a.dp);
+// or, where `together` is given (Note [shard gradients together]), may call
+// it once instead with every micro-shard's gradients: micro-shard k's at
+// g + k * stride (the weight's then the bias's, as in a.dp).
 class ShardedBatchKernel {
  public:
+  using TakeShards = std::function<void(const float* g, size_t stride, int shards)>;
   virtual ~ShardedBatchKernel() = default;
   virtual void forward_shards(const nn::OpArgs& a, int shard) = 0;
   virtual void backward_shards(const nn::OpArgs& a, const float* dy, const std::vector<float*>& dx, int shard,
-                               const std::function<void()>& take) = 0;
+                               const std::function<void()>& take, const TakeShards* together = nullptr) = 0;
 };
 
 // The micro-shards of `shard` samples a BatchNorm call's batch of `batch`

@@ -269,6 +269,20 @@ __global__ void bn_param_grads_kernel(int c, const double* __restrict__ sums, co
   }
 }
 
+// Note [shard gradients together]: micro-shard k's weight and bias
+// gradients from its sums (2c a micro-shard) into out[k * 2c ..], as
+// bn_param_grads_kernel adds them into zeroed gradients (0 + x: the same
+// bits, a negative zero's sign included).
+__global__ void bn_param_grads_shards_kernel(int c, int shards, const double* __restrict__ sums,
+                                             const float* __restrict__ chan, float* __restrict__ out) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < c * shards; i += gridDim.x * blockDim.x) {
+    const int k = i / c, ch = i - k * c;
+    const double* s = sums + int64_t(k) * 2 * c;
+    out[int64_t(k) * 2 * c + ch] = 0.0f + float(s[c + ch] * double(chan[c + ch]));
+    out[int64_t(k) * 2 * c + c + ch] = 0.0f + float(s[ch]);
+  }
+}
+
 __global__ void bn_backward_channel_kernel(int c, const double* __restrict__ sums, double count,
                                            const float* __restrict__ w, float* __restrict__ chan) {
   for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < c; ch += gridDim.x * blockDim.x)
@@ -369,6 +383,13 @@ void CudaBatchNorm::launch_sums(int images, int shards, const float* x, const fl
   DDP_CUDA_CHECK_LAUNCH(bn_run_grad_sums_kernel);
   bn_runs_kernel<<<cuda_grid(2 * c_ * shards), kCudaThreads, 0, s>>>(2 * c_ * shards, plan.splits, parts, out);
   DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
+}
+
+void CudaBatchNorm::param_grads_of_shards(int shards, const double* sums, float* out) {
+  if (shards <= 0 || c_ <= 0) return;
+  bn_param_grads_shards_kernel<<<cuda_grid(int64_t(c_) * shards), kCudaThreads, 0, ctx_.compute()>>>(c_, shards, sums,
+                                                                                                      chan_, out);
+  DDP_CUDA_CHECK_LAUNCH(bn_param_grads_shards_kernel);
 }
 
 // parts_ with room for `shards` micro-shards' runs (two sums a channel each),

@@ -21,10 +21,18 @@ using nn::Layout;
 class SumProbe final : public nn::CudaBatchNorm {
  public:
   using CudaBatchNorm::CudaBatchNorm;
+  using CudaBatchNorm::chan;
   using CudaBatchNorm::launch_sums;
+  using CudaBatchNorm::param_grads_of_shards;
 };
 
 class CudaShardSums : public GpuTest {};
+
+// One BatchNorm on inputs of shape in.
+nn::Graph bn_graph(const nn::Shape& in) {
+  nn::GraphBuilder b("bn", in, /*pytorch_init=*/true);
+  return b.finish(b.batch_norm("bn", b.input()));
+}
 
 TEST_F(CudaShardSums, MicroShardsInOneLaunchAreEachLaunchsOwnBits) {
   // 40 channels (not a multiple of the NHWC blocks' 32), odd planes, and
@@ -32,8 +40,7 @@ TEST_F(CudaShardSums, MicroShardsInOneLaunchAreEachLaunchsOwnBits) {
   constexpr int kC = 40, kShards = 4, kImages = 12;
   const nn::Shape in{kC, 15, 13};
   const size_t image = size_t(in.numel()), n = size_t(kShards) * kImages * image;
-  nn::GraphBuilder b("bn", in, /*pytorch_init=*/true);
-  const nn::Graph g = b.finish(b.batch_norm("bn", b.input()));
+  const nn::Graph g = bn_graph(in);
   DeviceArray<float> x(ctx(), normal(n, 1)), dy(ctx(), normal(n, 2)), relu(ctx(), normal(n, 3)),
       mean(ctx(), normal(kC, 4, 0.1));
   ctx().set_next_kernels(true);
@@ -64,6 +71,40 @@ TEST_F(CudaShardSums, MicroShardsInOneLaunchAreEachLaunchsOwnBits) {
       for (size_t i = 0; i < width * kShards; ++i) ASSERT_NE(a[i], 0.0) << "sum " << i << " was not written";
     }
   }
+}
+
+// Note [shard gradients together]: every micro-shard's weight and bias
+// gradients from its sums in one launch, each the float the plain backward
+// adds into zeroed gradients: float(sum(dy (x - mean)) * invstd) and
+// float(sum(dy)).
+TEST_F(CudaShardSums, EveryMicroShardsWeightAndBiasGradientsAtOnce) {
+  constexpr int kC = 40, kShards = 4, kImages = 6;
+  const nn::Shape in{kC, 9, 7};
+  const size_t image = size_t(in.numel()), n = size_t(kShards) * kImages * image;
+  const nn::Graph g = bn_graph(in);
+  ctx().set_next_kernels(true);
+  SumProbe bn(g.ops[0], ctx(), nullptr, Layout::NCHW);
+  DeviceArray<float> x(ctx(), normal(n, 11)), y(ctx(), n), dy(ctx(), normal(n, 12)),
+      w(ctx(), normal(kC, 13)), bias(ctx(), normal(kC, 14)), rm(ctx(), kC), rv(ctx(), std::vector<float>(kC, 1.0f));
+  nn::OpArgs a;
+  a.batch = kShards * kImages;
+  a.x = {x.get()};
+  a.y = y.get();
+  a.p = {w.get(), bias.get()};
+  a.buf = {rm.get(), rv.get()};
+  bn.forward(a);  // the constants backward's gradients use
+  DeviceArray<double> sums(ctx(), 2 * kC * kShards);
+  bn.launch_sums(kImages, kShards, x.get(), bn.chan(), dy.get(), sums.get());
+  DeviceArray<float> out(ctx(), 2 * kC * kShards);
+  bn.param_grads_of_shards(kShards, sums.get(), out.get());
+  const std::vector<double> s = sums.download();
+  const std::vector<float> chan = DeviceArray<float>::to_host(ctx(), bn.chan(), 2 * kC), got = out.download();
+  for (int k = 0; k < kShards; ++k)
+    for (int ch = 0; ch < kC; ++ch) {
+      const size_t at = size_t(k) * 2 * kC;
+      EXPECT_EQ(bits({got[at + ch]}), bits({0.0f + float(s[at + kC + ch] * double(chan[kC + ch]))})) << k << ", " << ch;
+      EXPECT_EQ(bits({got[at + kC + ch]}), bits({0.0f + float(s[at + ch])})) << k << ", " << ch;
+    }
 }
 
 }  // namespace

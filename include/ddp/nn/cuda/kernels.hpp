@@ -270,6 +270,11 @@ class CudaBatchNorm : public Kernel {
   void launch_sums(int images, int shards, const float* x, const float* mean, const float* dy, double* out,
                    const float* relu_y = nullptr);
   bool split() const { return split_; }
+  // Backward's weight and bias gradients of `shards` micro-shards from
+  // their sums (2c each, shard-major) into out: micro-shard k's weight
+  // gradient at out + k * 2c, its bias gradient c floats on, each the bits
+  // the plain backward adds into zeroed gradients.
+  void param_grads_of_shards(int shards, const double* sums, float* out);
   const Op& op_;
   cuda::Context& ctx_;
   StatsReducer* stats_;
