@@ -98,7 +98,8 @@ class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
   // or NHWC) every micro-shard's sums come from one launch, each block
   // summing its micro-shard as a launch of that micro-shard alone would (the
   // same cut: the same bits); backward then hands over each micro-shard's
-  // weight and bias gradients in turn.
+  // weight and bias gradients, in turn or (Note [shard gradients together])
+  // all at once.
   void channel_sums(const OpArgs& a, size_t width, const RunSum& sum, const AfterSum* after,
                     const std::string& what) override {
     if (shard_ == 0) return CudaBatchNorm::channel_sums(a, width, sum, after, what);

@@ -37,7 +37,7 @@ unsigned grid_for(size_t n) { return unsigned(std::clamp<size_t>((n + kThreads -
 // together]): integers, the same sums in any order.
 __global__ void __launch_bounds__(kThreads)
     quantize_add_kernel(const float* __restrict__ g, int64_t n, int64_t stride, int shards, double scale,
-                               double limit, int64_t* __restrict__ acc, unsigned* __restrict__ max_bits) {
+                        double limit, int64_t* __restrict__ acc, unsigned* __restrict__ max_bits) {
   __shared__ unsigned s[kThreads];
   unsigned m = 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
