@@ -31,8 +31,9 @@
 #       what `profile` does.
 #   scripts/gpu-check.sh profile [DIR] [OUT] there: where ResNet-18's GPU
 #       step goes, from --trace's GPU tracks (bench/gpu_kernels.py), for each
-#       of GPU_PROFILE's flag sets (';'-separated), into OUT/profile.txt;
-#       seconds, not Nsight's minutes.
+#       of GPU_PROFILE's flag sets (';'-separated), into OUT/profile.txt,
+#       and each set's median step against plain fp32 into
+#       OUT/profile-summary.txt; seconds, not Nsight's minutes.
 #
 # The test binaries carry the absolute paths they were built with (the
 # ddp_train they start, the data, mpiexec); `run` makes those paths lead to
@@ -112,7 +113,9 @@ run | learn | bench | nccl | profile)
         >>"$out/profile.txt" 2>&1 && python3 "$root/bench/gpu_kernels.py" "$out/p$i.rank0.json" --top 40 >>"$out/profile.txt" 2>&1 \
         || echo "profile ${sets[i]} failed ($?)" >>"$out/profile.txt"
     done
-    cat "$out/profile.txt"
+    # Each set's median step against plain fp32 (--deterministic's target).
+    python3 "$root/bench/profile_summary.py" "$out/profile.txt" >"$out/profile-summary.txt" 2>&1 || true
+    cat "$out/profile.txt" "$out/profile-summary.txt"
     exit 0
   fi
   # Each test binary's output into one log (what comes back from a device
