@@ -53,6 +53,12 @@ CheckedRuns::Verdict CheckedRuns::current_verdict() const {
   return verdict(batch, mode, backward);
 }
 
+bool CheckedRuns::bias_grads_of_shards(const OpArgs& a, const float* dy, int shard, int shards, float* bias,
+                                       size_t stride) {
+  auto* inner = dynamic_cast<ShardBias*>(inner_.get());
+  return inner && inner->bias_grads_of_shards(a, dy, shard, shards, bias, stride);
+}
+
 OpArgs CheckedRuns::slice(const OpArgs& a, int64_t first, int count) const {
   OpArgs part = a;
   part.batch = count;

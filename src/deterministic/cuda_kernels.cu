@@ -82,6 +82,26 @@ class LaneConvReluPoolCuda final : public nn::CudaConvReluPool, public LaneKerne
   }
 };
 
+// Note [shard gradients together]: the convolution, its micro-shards' bias
+// gradients summed in one pass where it can.
+class ShardConvCuda final : public nn::Kernel, public ShardBias {
+ public:
+  ShardConvCuda(const Op& op, cuda::Context& ctx, nn::Layout layout) : conv_(op, ctx, layout) {}
+  void forward(const OpArgs& a) override { conv_.forward(a); }
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
+    conv_.backward(a, dy, dx);
+  }
+  bool set_precision(nn::Precision p) override { return conv_.set_precision(p); }
+  bool bias_grads_of_shards(const OpArgs& a, const float* dy, int shard, int shards, float* bias,
+                            size_t stride) override {
+    DDP_CHECK(a.batch == shard * shards, "a batch of ", a.batch, " is not ", shards, " micro-shards of ", shard);
+    return conv_.bias_grads_of_parts(shard, shards, dy, bias, stride);
+  }
+
+ private:
+  nn::CudaConv conv_;
+};
+
 // Every sum taken micro-shard by micro-shard into a buffer of its own, and
 // the shards' sums added in shard order: on the device, or over every rank
 // through the host (ShardStats).
@@ -175,7 +195,10 @@ class CudaShardDevice final : public nn::CudaDevice, public ShardsTogether {
       env.device = this;
       env.same_bits = [this](const float* a, const float* b, size_t n) { return same_bits_cuda(ctx_, a, b, n); };
       env.say_once = [this](const std::string& key, const std::string& what) { ctx_.warn_once(key, what); };
-      return std::make_unique<CheckedRuns>(g, i, CudaDevice::kernel(g, i, stats), std::move(env));
+      std::unique_ptr<nn::Kernel> plain = op.kind == nn::OpKind::Conv2d
+                                              ? std::make_unique<ShardConvCuda>(op, ctx_, layout(g))
+                                              : CudaDevice::kernel(g, i, stats);
+      return std::make_unique<CheckedRuns>(g, i, std::move(plain), std::move(env));
     }
     return CudaDevice::kernel(g, i, stats);
   }

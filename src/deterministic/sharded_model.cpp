@@ -132,12 +132,13 @@ void ShardedModel::op_backward(size_t i, const float* dy, const std::vector<floa
 // run's call took it, `runs`) in a call of its own, handed to to_ (or left
 // in `into` for the caller to hand over).
 void ShardedModel::backward_one_shard(size_t i, LaneKernel* k, int64_t s, int lane, const float* dy,
-                                      const std::vector<float*>& dx, bool runs, float* into) {
+                                      const std::vector<float*>& dx, bool runs, float* into, bool no_bias) {
   const std::vector<size_t>& ps = graph().op_params[i];
   OpArgs part = shard_args(i, args(i), s);
   float* g = into ? into : lane_grads_[size_t(lane)]->data();
   const size_t base = ps.empty() ? 0 : graph().params[ps.front()].offset;
   for (size_t j = 0; j < ps.size(); ++j) part.dp[j] = g + (graph().params[ps[j]].offset - base);
+  if (no_bias) part.dp.back() = nullptr;  // the caller took every micro-shard's at once
   const std::vector<float*> dx_part = runs ? std::vector<float*>(dx.size(), nullptr) : dx_of(i, dx, s * shard_);
   const float* dy_part = dy + s * shard_ * graph().values[i + 1].numel();
   if (k)
@@ -160,7 +161,13 @@ void ShardedModel::backward_shards_together(size_t i, LaneKernel* k, int64_t sha
   const size_t span = param_span(i).second, n = size_t(shards) * span;
   if (!shard_grads_ || shard_grads_->size() < n) shard_grads_ = device().alloc(n);  // zero-filled
   float* all = shard_grads_->data();
-  for (int64_t s = 0; s < shards; ++s) backward_one_shard(i, k, s, 0, dy, dx, runs, all + size_t(s) * span);
+  // The bias's gradients (the last parameter's) in one pass where the kernel can.
+  auto* bias = dynamic_cast<ShardBias*>(&kernel(i));
+  const size_t bias_at = graph().params[ps.back()].offset - graph().params[ps.front()].offset;
+  const bool biased = ps.size() > 1 && bias && !half_op(i) &&
+                      bias->bias_grads_of_shards(args(i), dy, shard_, int(shards), all + bias_at, span);
+  for (int64_t s = 0; s < shards; ++s)
+    backward_one_shard(i, k, s, 0, dy, dx, runs, all + size_t(s) * span, biased);
   to_->take_shards(0, all, span, int(shards), ps.front(), ps.size());
   device().fill(all, n, 0.0f);
 }

@@ -49,7 +49,7 @@ namespace ddp::deterministic {
 // kept per sample between forward and backward (the fused conv-ReLU-pool).
 bool checkable_in_runs(nn::OpKind kind);
 
-class CheckedRuns final : public nn::Kernel, public LaneKernel {
+class CheckedRuns final : public nn::Kernel, public LaneKernel, public ShardBias {
  public:
   // What the device lends the check.
   struct Env {
@@ -76,6 +76,10 @@ class CheckedRuns final : public nn::Kernel, public LaneKernel {
   void forward(const nn::OpArgs& a, const Lane& lane) override;
   // A run's backward (every a.dp nullptr); a micro-shard's as it is.
   void backward(const nn::OpArgs& a, const float* dy, const std::vector<float*>& dx, const Lane& lane) override;
+
+  // The inner kernel's, where it is a ShardBias; else false.
+  bool bias_grads_of_shards(const nn::OpArgs& a, const float* dy, int shard, int shards, float* bias,
+                            size_t stride) override;
 
   // What the checks of whole batches of `batch` found so far.
   Verdict verdict(int batch, nn::Mode mode, bool backward) const;

@@ -83,9 +83,10 @@ class ShardedModel : public nn::Model {
   void call_forward(size_t i, LaneKernel* k, const nn::OpArgs& part, int lane, int64_t first);
   // Micro-shard `shard`'s parameter gradients (and its input gradient
   // unless `runs` took it): into `into` where given (Note [shard gradients
-  // together]: the caller takes them), else into the lane's buffer, taken.
+  // together]: the caller takes them; `no_bias`: all but the last
+  // parameter's, which the caller has), else into the lane's buffer, taken.
   void backward_one_shard(size_t i, LaneKernel* k, int64_t shard, int lane, const float* dy,
-                          const std::vector<float*>& dx, bool runs, float* into = nullptr);
+                          const std::vector<float*>& dx, bool runs, float* into = nullptr, bool no_bias = false);
   // Whether the device asks for Note [shard gradients together].
   bool together();
   // Note [shard gradients together]: op i's micro-shards one after another,

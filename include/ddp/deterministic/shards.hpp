@@ -86,6 +86,19 @@ class ShardsTogether {
   virtual bool shard_gradients_together() const = 0;
 };
 
+// Note [shard gradients together]: a kernel that adds the bias gradients
+// (its last parameter's) of `shards` micro-shards of `shard` samples at once:
+// a's batch, dy its output gradient, micro-shard k's added at bias + k *
+// stride, each the bits the micro-shard's own backward call would add; true
+// where it did (the micro-shards' own calls then get no bias gradient),
+// false where it cannot (nothing done).
+class ShardBias {
+ public:
+  virtual ~ShardBias() = default;
+  virtual bool bias_grads_of_shards(const nn::OpArgs& a, const float* dy, int shard, int shards, float* bias,
+                                    size_t stride) = 0;
+};
+
 // A kernel that runs micro-shards on lanes. A kernel that is not one is
 // called as a plain Kernel on each micro-shard (one that uses no threads or
 // scratch of its own, or a GPU's, whose micro-shards follow one another).

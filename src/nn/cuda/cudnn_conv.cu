@@ -50,6 +50,15 @@ __global__ void add_sums_kernel(int c, const double* __restrict__ sums, Precisio
     db[i] += round_to(p, float(sums[i]));
 }
 
+// Part k's db[ch] += sums[k * c + ch], as add_sums_kernel adds them.
+__global__ void add_part_sums_kernel(int c, int parts, const double* __restrict__ sums, Precision p, size_t stride,
+                                     float* __restrict__ db) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < c * parts; i += gridDim.x * blockDim.x) {
+    const int k = i / c;
+    db[size_t(k) * stride + size_t(i - k * c)] += round_to(p, float(sums[i]));
+  }
+}
+
 cudnnTensorFormat_t cudnn_format(Layout l) { return l == Layout::NHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW; }
 
 // Note [fma math] in fp32, TF32 tensor cores allowed in tf32; tensor cores
@@ -471,6 +480,25 @@ void CudnnConv::bias_grad(cuda::Context& ctx, int batch, const void* dy, float* 
     channel_sums_cuda(ctx, static_cast<const float*>(dy), /*mean=*/nullptr, batch, c, hw, parts, sums);
   add_sums_kernel<<<cuda_grid(c), kCudaThreads, 0, ctx.compute()>>>(c, sums, precision_, db);
   DDP_CUDA_CHECK_LAUNCH(add_sums_kernel);
+}
+
+bool CudnnConv::bias_grads_of_parts(cuda::Context& ctx, int images, int parts, const float* dy, float* db,
+                                    size_t stride) {
+  // backward's bias_grad path in fp32 and TF32 (not the 16-bit ones).
+  if (is_half(precision_) || !(ctx.next_kernels() || layout_ == Layout::NHWC) || parts <= 0) return false;
+  const int c = out_.c, hw = out_.h * out_.w;
+  const size_t runs = size_t(max_sum_runs(c, ctx.sms()));
+  bias_sums_.reserve(ctx, 2 * size_t(c) * (runs + 1) * size_t(parts));
+  auto* partial = reinterpret_cast<double*>(bias_sums_.data());
+  double* sums = partial + size_t(c) * runs * size_t(parts);
+  if (layout_ == Layout::NHWC)
+    channel_sums_nhwc_cuda(ctx, dy, /*mean=*/nullptr, int64_t(images) * hw, c, partial, sums, parts);
+  else
+    channel_sums_cuda(ctx, dy, /*mean=*/nullptr, images, c, hw, partial, sums, parts);
+  add_part_sums_kernel<<<cuda_grid(int64_t(c) * parts), kCudaThreads, 0, ctx.compute()>>>(c, parts, sums,
+                                                                                           precision_, stride, db);
+  DDP_CUDA_CHECK_LAUNCH(add_part_sums_kernel);
+  return true;
 }
 
 // Note [channels last]: cuDNN on the KRSC copy of the weights, the weight

@@ -107,5 +107,42 @@ TEST_F(CudaShardSums, EveryMicroShardsWeightAndBiasGradientsAtOnce) {
     }
 }
 
+// A convolution's bias gradients of several parts of a batch in one pass
+// (CudaConv::bias_grads_of_parts, Note [shard gradients together]): each
+// part's the bits its own backward adds, in both layouts, fp32 and TF32.
+TEST_F(CudaShardSums, ConvolutionBiasGradientsOfSeveralPartsAtOnce) {
+  constexpr int kParts = 4, kImages = 5, kOut = 24;
+  const nn::Shape in{6, 11, 9};
+  nn::GraphBuilder b("conv", in, /*pytorch_init=*/true);
+  const nn::Graph g = b.finish(b.conv("conv", b.input(), kOut, 3, 1, 1));
+  const nn::Op& op = g.ops[0];
+  const size_t x_img = size_t(in.numel()), y_img = size_t(op.out.numel()), nw = size_t(kOut) * 6 * 9;
+  DeviceArray<float> x(ctx(), normal(x_img * kParts * kImages, 21)), dy(ctx(), normal(y_img * kParts * kImages, 22)),
+      w(ctx(), normal(nw, 23)), dw(ctx(), nw);
+  ctx().set_next_kernels(true);
+  for (const Layout layout : {Layout::NCHW, Layout::NHWC})
+    for (const nn::Precision p : {nn::Precision::F32, nn::Precision::TF32}) {
+      SCOPED_TRACE(std::string(layout == Layout::NHWC ? "NHWC, " : "NCHW, ") + nn::to_string(p));
+      nn::CudaConv conv(op, ctx(), layout);
+      conv.set_precision(p);
+      const size_t stride = kOut + 7;  // the slots of a span, as the executor's
+      DeviceArray<float> together(ctx(), std::vector<float>(stride * kParts, 0.0f)),
+          alone(ctx(), std::vector<float>(stride * kParts, 0.0f));
+      ASSERT_TRUE(conv.bias_grads_of_parts(kImages, kParts, dy.get(), together.get(), stride));
+      for (int k = 0; k < kParts; ++k) {
+        nn::OpArgs a;
+        a.batch = kImages;
+        a.x = {x.get() + size_t(k) * kImages * x_img};
+        a.p = {w.get(), nullptr};
+        a.dp = {dw.get(), alone.get() + size_t(k) * stride};
+        conv.backward(a, dy.get() + size_t(k) * kImages * y_img, {nullptr});
+      }
+      EXPECT_EQ(bits(together.download()), bits(alone.download()));
+    }
+  nn::CudaConv half(op, ctx(), Layout::NCHW);
+  half.set_precision(nn::Precision::BF16);
+  EXPECT_FALSE(half.bias_grads_of_parts(kImages, kParts, dy.get(), dw.get(), kOut)) << "16 bits: not summed so";
+}
+
 }  // namespace
 }  // namespace ddp::nn_cuda_test

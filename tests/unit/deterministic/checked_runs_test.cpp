@@ -31,7 +31,7 @@ using nn::OpArgs;
 constexpr int kBatch = 12, kShard = 3, kShards = kBatch / kShard, kClasses = 5;
 
 struct Calls {
-  int forward = 0, backward = 0;
+  int forward = 0, backward = 0, biases = 0;  // biases: bias_grads_of_shards's
 };
 
 // How a kernel behaves on a call of more than one micro-shard: as the
@@ -40,11 +40,29 @@ struct Calls {
 // be; or failing, as cuDNN with no deterministic algorithm for it.
 enum class Skew { None, Bit, Fails };
 
-// The CPU's plain kernel of one op, its calls counted, skewed.
-class Counted final : public nn::Kernel {
+// The CPU's plain kernel of one op, its calls counted, skewed. With a
+// graph (a convolution's): it takes every micro-shard's bias gradients at
+// once, as its own backward calls micro-shard by micro-shard would.
+class Counted final : public nn::Kernel, public ShardBias {
  public:
-  Counted(std::unique_ptr<nn::Kernel> inner, Calls& calls, Skew skew)
-      : inner_(std::move(inner)), calls_(calls), skew_(skew) {}
+  Counted(std::unique_ptr<nn::Kernel> inner, Calls& calls, Skew skew, const Graph* g = nullptr, size_t op = 0)
+      : inner_(std::move(inner)), calls_(calls), skew_(skew), g_(g), op_(op) {}
+  bool bias_grads_of_shards(const OpArgs& a, const float* dy, int shard, int shards, float* bias,
+                            size_t stride) override {
+    if (!g_) return false;
+    ++calls_.biases;
+    const int64_t in = g_->values[size_t(g_->ops[op_].inputs[0])].numel(), out = g_->values[op_ + 1].numel();
+    std::vector<float> dw(g_->params[g_->op_params[op_].front()].numel);  // discarded
+    for (int k = 0; k < shards; ++k) {
+      OpArgs part = a;
+      part.batch = shard;
+      part.x[0] += int64_t(k) * shard * in;
+      part.y += int64_t(k) * shard * out;
+      part.dp = {dw.data(), bias + size_t(k) * stride};
+      inner_->backward(part, dy + int64_t(k) * shard * out, {nullptr});
+    }
+    return true;
+  }
   void forward(const OpArgs& a) override {
     ++calls_.forward;
     refuse(a.batch);
@@ -71,6 +89,8 @@ class Counted final : public nn::Kernel {
   std::unique_ptr<nn::Kernel> inner_;
   Calls& calls_;
   Skew skew_;
+  const Graph* g_;
+  size_t op_;
 };
 
 // The CPU's deterministic device with one lane, whose checkable ops run the
@@ -79,15 +99,16 @@ class Counted final : public nn::Kernel {
 // without lanes, its micro-shards' gradients taken together, as a GPU's.
 class OneLaneDevice : public nn::Device, public ShardsTogether {
  public:
-  OneLaneDevice(bool checked, std::string skewed = "", Skew skew = Skew::None)
-      : checked_(checked), skewed_(std::move(skewed)), skew_(skew) {}
+  OneLaneDevice(bool checked, std::string skewed = "", Skew skew = Skew::None, bool biases = false)
+      : checked_(checked), skewed_(std::move(skewed)), skew_(skew), biases_(biases) {}
   std::string name() const override { return "one-lane cpu"; }
   bool shard_gradients_together() const override { return true; }
   std::unique_ptr<nn::Kernel> kernel(const Graph& g, size_t i, nn::StatsReducer* stats) override {
     const nn::Op& op = g.ops[i];
     if (!checkable_in_runs(op.kind)) return shards_->kernel(g, i, stats);
-    auto counted =
-        std::make_unique<Counted>(plain_->kernel(g, i, stats), calls[op.name], op.name == skewed_ ? skew_ : Skew::None);
+    const bool conv = biases_ && op.kind == nn::OpKind::Conv2d;
+    auto counted = std::make_unique<Counted>(plain_->kernel(g, i, stats), calls[op.name],
+                                             op.name == skewed_ ? skew_ : Skew::None, conv ? &g : nullptr, i);
     if (!checked_) return counted;
     CheckedRuns::Env env;
     env.device = this;
@@ -115,6 +136,7 @@ class OneLaneDevice : public nn::Device, public ShardsTogether {
   bool checked_;
   std::string skewed_;
   Skew skew_;
+  bool biases_;  // its convolutions take their micro-shards' bias gradients at once
   std::unique_ptr<nn::Device> shards_ = make_cpu_device(1), plain_ = nn::make_cpu_device(1);
 };
 
@@ -252,17 +274,25 @@ TEST(CheckedRuns, AOneCallThatFailsRunsMicroShardByMicroShard) {
 // Note [shard gradients together]: on a device without lanes an op's
 // micro-shards' parameter gradients are handed over in one take_shards,
 // each micro-shard's the bits it has when taken alone (a lane's).
+// With checked runs (one call for the convolutions' input gradients) and
+// the convolutions' bias gradients summed for every micro-shard at once
+// (ShardBias), the micro-shards' own calls then take no bias gradient.
 TEST(ShardGradients, WithoutLanesAnOpsMicroShardsAreTakenTogether) {
   const nn::test::Batch b = nn::test::random_batch(kBatch, 34, 2 * 8 * 8, kClasses);
-  OneLaneDevice together(false);
-  LanedDevice one_by_one(false);
-  const Steps got = run(together, b), want = run(one_by_one, b);
-  EXPECT_EQ(got.logits, want.logits);
-  EXPECT_EQ(got.grads, want.grads);
-  EXPECT_EQ(want.together, 0);
-  // The tiny ResNet's six convolutions and fc (BatchNorm hands its
-  // micro-shards over as it sums them).
-  EXPECT_EQ(got.together, 7);
+  for (const bool checked : {false, true}) {
+    SCOPED_TRACE(checked ? "checked runs, biases together" : "micro-shard calls");
+    OneLaneDevice together(checked, "", Skew::None, /*biases=*/checked);
+    LanedDevice one_by_one(false);
+    const Steps got = run(together, b), want = run(one_by_one, b);
+    EXPECT_EQ(got.logits, want.logits);
+    EXPECT_EQ(got.grads, want.grads);
+    EXPECT_EQ(want.together, 0);
+    // The tiny ResNet's six convolutions and fc (BatchNorm hands its
+    // micro-shards over as it sums them).
+    EXPECT_EQ(got.together, 7);
+    for (const auto& [op, calls] : got.second)
+      EXPECT_EQ(calls.biases, checked && op.find("conv") != std::string::npos ? 1 : 0) << op;
+  }
 }
 
 TEST(CheckedRuns, OnlyOpsWithoutBatchStatisticsOrKeptSamplesAreChecked) {

@@ -123,6 +123,13 @@ class CudnnConv {
   // [gradient accumulation] in device.hpp.
   void backward(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy, float* dw,
                 float* db, float* dx);
+  // The bias gradients of `parts` consecutive batches of `images` images
+  // (dy: their output gradients, one after another) in one pass, part k's
+  // added at db + k * stride, each the bits backward adds for that batch
+  // alone (Note [shards in one launch], nn/cuda/bn_plan.hpp). Only where
+  // backward sums the bias as BatchNorm's sums are (fp32 and TF32 with
+  // --gpu-kernels next); false, nothing done, elsewhere.
+  bool bias_grads_of_parts(cuda::Context& ctx, int images, int parts, const float* dy, float* db, size_t stride);
 
  private:
   struct Plan;
@@ -187,6 +194,10 @@ class CudaConv final : public Kernel {
   void forward(const OpArgs& a) override;
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
   bool set_precision(Precision p) override;
+  // CudnnConv::bias_grads_of_parts.
+  bool bias_grads_of_parts(int images, int parts, const float* dy, float* db, size_t stride) {
+    return conv_.bias_grads_of_parts(ctx_, images, parts, dy, db, stride);
+  }
 
  private:
   cuda::Context& ctx_;
