@@ -40,12 +40,15 @@
 //
 // Note [shard gradients together]: on a device without lanes (a GPU: its
 // micro-shards follow one another on one stream) that asks for it
-// (ShardsTogether), an op's micro-shards write
-// their parameter gradients into buffers of their own, one after another,
-// and the fixed-point sums take them all at once
-// (ShardGradients::take_shards, ExactGradientSum::add_shards: one launch a
-// parameter rather than one a parameter and micro-shard, and one zeroing
-// rather than 16). Integer sums: the same integers in any order.
+// (ShardsTogether), an op's micro-shards write their parameter gradients
+// into buffers of their own, one after another, and the fixed-point sums
+// take them all at once (ShardGradients::take_shards,
+// ExactGradientSum::add_shards: one launch a parameter rather than one a
+// parameter and micro-shard, and one zeroing rather than 16). Integer sums:
+// the same integers in any order. A kernel that can (ShardBias: the GPU's
+// convolution in fp32 and TF32) first sums every micro-shard's bias
+// gradient in one pass, each the bits its own call would add, and the
+// micro-shards' calls then leave the bias out.
 #pragma once
 
 #include <cstddef>
