@@ -43,16 +43,11 @@ namespace {
 
 constexpr size_t kMaxWorkspace = size_t(512) << 20;
 
-// db[ch] += sums[ch], rounded to float once, then to p (a 16-bit bias
-// gradient: channel_grad_from_half_cuda's rounding).
-__global__ void add_sums_kernel(int c, const double* __restrict__ sums, Precision p, float* __restrict__ db) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < c; i += gridDim.x * blockDim.x)
-    db[i] += round_to(p, float(sums[i]));
-}
-
-// Part k's db[ch] += sums[k * c + ch], as add_sums_kernel adds them.
-__global__ void add_part_sums_kernel(int c, int parts, const double* __restrict__ sums, Precision p, size_t stride,
-                                     float* __restrict__ db) {
+// Part k's db[k * stride + ch] += sums[k * c + ch], rounded to float once,
+// then to p (a 16-bit bias gradient: channel_grad_from_half_cuda's
+// rounding).
+__global__ void add_sums_kernel(int c, int parts, const double* __restrict__ sums, Precision p, size_t stride,
+                                float* __restrict__ db) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < c * parts; i += gridDim.x * blockDim.x) {
     const int k = i / c;
     db[size_t(k) * stride + size_t(i - k * c)] += round_to(p, float(sums[i]));
@@ -462,42 +457,32 @@ void CudnnConv::backward(cuda::Context& ctx, int batch, const float* x, const fl
 // NHWC: Note [channels last sums]. In 16 bits (NHWC only: NCHW's is
 // channel_grad_from_half_cuda) dy is the rounded 16-bit gradient, and its
 // sum is rounded once to the precision, as channel_grad_from_half_cuda's.
-void CudnnConv::bias_grad(cuda::Context& ctx, int batch, const void* dy, float* db) {
+void CudnnConv::bias_grad(cuda::Context& ctx, int images, const void* dy, float* db, int parts, size_t stride) {
   const int c = out_.c, hw = out_.h * out_.w;
   const size_t runs = size_t(max_sum_runs(c, ctx.sms()));
-  // Each channel's runs and the c sums, in doubles: two floats each.
-  bias_sums_.reserve(ctx, 2 * size_t(c) * (runs + 1));
-  auto* parts = reinterpret_cast<double*>(bias_sums_.data());
-  double* sums = parts + size_t(c) * runs;
-  const int64_t rows = int64_t(batch) * hw;
-  DDP_CHECK(!is_half(precision_) || layout_ == Layout::NHWC, "op ", layer_,
-            ": a 16-bit bias gradient is summed here only over NHWC");
+  // Each part's runs of each channel, then its c sums, in doubles: two floats each.
+  bias_sums_.reserve(ctx, 2 * size_t(c) * (runs + 1) * size_t(parts));
+  auto* partial = reinterpret_cast<double*>(bias_sums_.data());
+  double* sums = partial + size_t(c) * runs * size_t(parts);
+  const int64_t rows = int64_t(images) * hw;
+  DDP_CHECK(!is_half(precision_) || (layout_ == Layout::NHWC && parts == 1), "op ", layer_,
+            ": a 16-bit bias gradient is summed here only over NHWC, one batch a call");
   if (is_half(precision_))
-    channel_sums_nhwc_half_cuda(ctx, static_cast<const uint16_t*>(dy), precision_, rows, c, parts, sums);
+    channel_sums_nhwc_half_cuda(ctx, static_cast<const uint16_t*>(dy), precision_, rows, c, partial, sums);
   else if (layout_ == Layout::NHWC)
-    channel_sums_nhwc_cuda(ctx, static_cast<const float*>(dy), /*mean=*/nullptr, rows, c, parts, sums);
+    channel_sums_nhwc_cuda(ctx, static_cast<const float*>(dy), /*mean=*/nullptr, rows, c, partial, sums, parts);
   else
-    channel_sums_cuda(ctx, static_cast<const float*>(dy), /*mean=*/nullptr, batch, c, hw, parts, sums);
-  add_sums_kernel<<<cuda_grid(c), kCudaThreads, 0, ctx.compute()>>>(c, sums, precision_, db);
+    channel_sums_cuda(ctx, static_cast<const float*>(dy), /*mean=*/nullptr, images, c, hw, partial, sums, parts);
+  add_sums_kernel<<<cuda_grid(int64_t(c) * parts), kCudaThreads, 0, ctx.compute()>>>(c, parts, sums, precision_,
+                                                                                      stride, db);
   DDP_CUDA_CHECK_LAUNCH(add_sums_kernel);
 }
 
 bool CudnnConv::bias_grads_of_parts(cuda::Context& ctx, int images, int parts, const float* dy, float* db,
                                     size_t stride) {
-  // backward's bias_grad path in fp32 and TF32 (not the 16-bit ones).
+  // Where backward sums the bias with bias_grad, in fp32 and TF32.
   if (is_half(precision_) || !(ctx.next_kernels() || layout_ == Layout::NHWC) || parts <= 0) return false;
-  const int c = out_.c, hw = out_.h * out_.w;
-  const size_t runs = size_t(max_sum_runs(c, ctx.sms()));
-  bias_sums_.reserve(ctx, 2 * size_t(c) * (runs + 1) * size_t(parts));
-  auto* partial = reinterpret_cast<double*>(bias_sums_.data());
-  double* sums = partial + size_t(c) * runs * size_t(parts);
-  if (layout_ == Layout::NHWC)
-    channel_sums_nhwc_cuda(ctx, dy, /*mean=*/nullptr, int64_t(images) * hw, c, partial, sums, parts);
-  else
-    channel_sums_cuda(ctx, dy, /*mean=*/nullptr, images, c, hw, partial, sums, parts);
-  add_part_sums_kernel<<<cuda_grid(int64_t(c) * parts), kCudaThreads, 0, ctx.compute()>>>(c, parts, sums,
-                                                                                           precision_, stride, db);
-  DDP_CUDA_CHECK_LAUNCH(add_part_sums_kernel);
+  bias_grad(ctx, images, dy, db, parts, stride);
   return true;
 }
 

@@ -148,7 +148,9 @@ class CudnnConv {
   bool graph_fits(cuda::Context& ctx, const GraphConv* g, std::initializer_list<const void*> operands) const;
   // db += the sum of dy per channel: fp32 dy (--gpu-kernels next or NHWC),
   // or the 16-bit one over NHWC, the sum rounded to the precision.
-  void bias_grad(cuda::Context& ctx, int batch, const void* dy, float* db);
+  // With parts > 1 (fp32 and TF32): that many batches of `images` one after
+  // another, part k's added at db + k * stride (bias_grads_of_parts).
+  void bias_grad(cuda::Context& ctx, int images, const void* dy, float* db, int parts = 1, size_t stride = 0);
   void describe();  // the descriptors, for precision_
   void release();   // destroys them
   int64_t weight_numel() const { return int64_t(out_.c) * in_.c * k_ * k_; }
