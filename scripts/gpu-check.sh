@@ -34,13 +34,22 @@
 #       of GPU_PROFILE's flag sets (';'-separated), into OUT/profile.txt,
 #       and each set's median step against plain fp32 into
 #       OUT/profile-summary.txt; seconds, not Nsight's minutes.
+#   scripts/gpu-check.sh all [DIR] [OUT] there: one device call for a
+#       whole lent session, as its machine goes back 30 s after a call:
+#       the stages GPU_ALL_STAGES (default `run nccl profile bench`; bench
+#       without its profile) one after another within GPU_ALL_S seconds
+#       (default 560), each bounded by what is left. After each stage OUT
+#       holds all.txt (a line a stage), the stages' summaries
+#       (run-summary.txt, profile-summary.txt, bench.txt, ...) and logs.tgz
+#       (every log, no traces): what a call stopped at its limit returns.
+#       GPU_NCCL_FILTER (a gtest filter) runs a part of `nccl`.
 #
 # The test binaries carry the absolute paths they were built with (the
 # ddp_train they start, the data, mpiexec); `run` makes those paths lead to
 # DIR's copies where they do not exist there.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-mode=${1:?usage: gpu-check.sh prepare|run|learn|bench|nccl|profile [DIR] [OUT]}
+mode=${1:?usage: gpu-check.sh prepare|run|learn|bench|nccl|profile|all [DIR] [OUT]}
 dir=$(realpath -m "${2:-$root/.devdeps}")
 
 case $mode in
@@ -102,8 +111,9 @@ run | learn | bench | nccl | profile)
     done
     cat "$out/bench.txt"
   fi
-  # The benchmark ends with the kernel breakdown of our step.
-  if [[ $mode == profile || $mode == bench ]]; then
+  # The benchmark ends with the kernel breakdown of our step (not in `all`,
+  # which profiles in a stage of its own).
+  if [[ $mode == profile || ($mode == bench && ${GPU_BENCH_PROFILE:-1} == 1) ]]; then
     IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision bf16 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next;--precision fp32;--deterministic --sync-bn;--deterministic --sync-bn --gpu-kernels next}"
     for i in "${!sets[@]}"; do
       echo "=== ResNet-18, batch 256, ${sets[i]}" >>"$out/profile.txt"
@@ -118,6 +128,7 @@ run | learn | bench | nccl | profile)
     cat "$out/profile.txt" "$out/profile-summary.txt"
     exit 0
   fi
+  [[ $mode == bench ]] && exit 0
   # Each test binary's output into one log (what comes back from a device
   # machine is a few files), its verdict into the summary.
   status=0
@@ -149,8 +160,9 @@ run | learn | bench | nccl | profile)
     exit $status
   fi
   if [[ $mode == nccl ]]; then
+    # GPU_NCCL_FILTER: a part of them (a gtest filter).
     check NcclOnOneGpu "$dir/bin/test_cli" \
-      --gtest_filter='On/Deterministic.*/nccl_on_one_gpu:On/Reliability.*/nccl_on_one_gpu:NcclOnOneGpu.*'
+      --gtest_filter="${GPU_NCCL_FILTER:-On/Deterministic.*/nccl_on_one_gpu:On/Reliability.*/nccl_on_one_gpu:NcclOnOneGpu.*}"
     exit $status
   fi
   check test_cuda "$dir/bin/test_cuda"
@@ -171,8 +183,32 @@ run | learn | bench | nccl | profile)
     --gtest_filter='On/DeterministicNext.*:On/SyncBatchNorm.*/nccl_on_one_gpu'
   exit $status
   ;;
+all)
+  out=$(realpath -m "${3:-${OUT:-$dir/out}}")
+  work=$(mktemp -d)
+  mkdir -p "$out"
+  : >"$out/all.txt"
+  deadline=$((SECONDS + ${GPU_ALL_S:-560}))
+  for stage in ${GPU_ALL_STAGES:-run nccl profile bench}; do
+    left=$((deadline - SECONDS))
+    if ((left < 30)); then
+      echo "$stage: not run, ${left} s left" | tee -a "$out/all.txt"
+      continue
+    fi
+    began=$SECONDS rc=0
+    GPU_CHECK_STEP_S=$((left < ${GPU_CHECK_STEP_S:-300} ? left : ${GPU_CHECK_STEP_S:-300})) GPU_BENCH_PROFILE=0 \
+      timeout -k 10 $((left + 15)) "$0" "$stage" "$dir" "$work/$stage" >"$work/$stage.txt" 2>&1 || rc=$?
+    echo "$stage: exit $rc after $((SECONDS - began)) s" | tee -a "$out/all.txt"
+    [[ -f $work/$stage/summary.txt ]] && cp "$work/$stage/summary.txt" "$out/$stage-summary.txt"
+    for f in profile-summary.txt bench.txt; do
+      [[ -f $work/$stage/$f ]] && cp "$work/$stage/$f" "$out/$f"
+    done
+    tar czf "$out/logs.tgz" --exclude='*.json' -C "$work" .
+  done
+  cat "$out"/*summary.txt "$out"/bench.txt 2>/dev/null || true
+  ;;
 *)
-  echo "gpu-check.sh: prepare, run, learn, bench or nccl, not '$mode'" >&2
+  echo "gpu-check.sh: prepare, run, learn, bench, nccl, profile or all, not '$mode'" >&2
   exit 2
   ;;
 esac
