@@ -59,6 +59,11 @@ bool CheckedRuns::bias_grads_of_shards(const OpArgs& a, const float* dy, int sha
   return inner && inner->bias_grads_of_shards(a, dy, shard, shards, bias, stride);
 }
 
+bool CheckedRuns::concurrent_shard_calls(bool bias) const {
+  const auto* inner = dynamic_cast<const ConcurrentShards*>(inner_.get());
+  return inner && inner->concurrent_shard_calls(bias);
+}
+
 OpArgs CheckedRuns::slice(const OpArgs& a, int64_t first, int count) const {
   OpArgs part = a;
   part.batch = count;

@@ -83,8 +83,9 @@ class LaneConvReluPoolCuda final : public nn::CudaConvReluPool, public LaneKerne
 };
 
 // Note [shard gradients together]: the convolution, its micro-shards' bias
-// gradients summed in one pass where it can.
-class ShardConvCuda final : public nn::Kernel, public ShardBias {
+// gradients summed in one pass where it can; Note [shard streams]: its
+// micro-shards' calls at once where they share nothing.
+class ShardConvCuda final : public nn::Kernel, public ShardBias, public ConcurrentShards {
  public:
   ShardConvCuda(const Op& op, cuda::Context& ctx, nn::Layout layout) : conv_(op, ctx, layout) {}
   void forward(const OpArgs& a) override { conv_.forward(a); }
@@ -97,6 +98,7 @@ class ShardConvCuda final : public nn::Kernel, public ShardBias {
     DDP_CHECK(a.batch == shard * shards, "a batch of ", a.batch, " is not ", shards, " micro-shards of ", shard);
     return conv_.bias_grads_of_parts(shard, shards, dy, bias, stride);
   }
+  bool concurrent_shard_calls(bool bias) const override { return conv_.concurrent_calls(bias); }
 
  private:
   nn::CudaConv conv_;
@@ -182,10 +184,12 @@ class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
   std::vector<double> host_, host_out_;  // the sums on their way through the host
 };
 
-class CudaShardDevice final : public nn::CudaDevice, public ShardsTogether {
+class CudaShardDevice final : public nn::CudaDevice, public ShardsTogether, public ShardStreams {
  public:
   using CudaDevice::CudaDevice;
   bool shard_gradients_together() const override { return ctx_.next_kernels(); }
+  // Note [shard streams] (asked for only where shard_gradients_together).
+  void on_streams(int64_t n, const std::function<void(int64_t)>& body) override { ctx_.on_side_streams(n, body); }
   std::unique_ptr<nn::Kernel> kernel(const nn::Graph& g, size_t i, nn::StatsReducer* stats) override {
     const Op& op = g.ops[i];
     if (op.kind == nn::OpKind::ConvReluPool) return std::make_unique<LaneConvReluPoolCuda>(op, ctx_);

@@ -166,8 +166,17 @@ void ShardedModel::backward_shards_together(size_t i, LaneKernel* k, int64_t sha
   const size_t bias_at = graph().params[ps.back()].offset - graph().params[ps.front()].offset;
   const bool biased = ps.size() > 1 && bias && !half_op(i) &&
                       bias->bias_grads_of_shards(args(i), dy, shard_, int(shards), all + bias_at, span);
-  for (int64_t s = 0; s < shards; ++s)
-    backward_one_shard(i, k, s, 0, dy, dx, runs, all + size_t(s) * span, biased);
+  const auto one = [&](int64_t s) { backward_one_shard(i, k, s, 0, dy, dx, runs, all + size_t(s) * span, biased); };
+  // Note [shard streams]: at once where the device and kernel can, after
+  // the op's first backward.
+  auto* streams = dynamic_cast<ShardStreams*>(&device());
+  const auto* apart = dynamic_cast<const ConcurrentShards*>(&kernel(i));
+  if (backed_.size() <= i) backed_.resize(graph().ops.size(), false);
+  if (streams && apart && backed_[i] && apart->concurrent_shard_calls(ps.size() > 1 && !biased))
+    streams->on_streams(shards, one);
+  else
+    for (int64_t s = 0; s < shards; ++s) one(s);
+  backed_[i] = true;
   to_->take_shards(0, all, span, int(shards), ps.front(), ps.size());
   device().fill(all, n, 0.0f);
 }

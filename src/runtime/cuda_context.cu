@@ -1,9 +1,12 @@
 // Devices, streams, handles and stream-ordered memory (runtime/cuda_context.hpp).
 #include "ddp/runtime/cuda_context.hpp"
 
+#include <algorithm>
+#include <exception>
 #include <iostream>
 #include <utility>
 
+#include "ddp/core/error.hpp"          // DDP_CHECK
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK, DDP_CUBLAS_CHECK, DDP_CUDNN_CHECK
 
 namespace ddp::cuda {
@@ -74,22 +77,28 @@ Context::Context(int device) : device_(device) {
 Context::~Context() {
   // Destructors do not throw: errors here come after the run's result.
   if (compute_) cudaStreamSynchronize(compute_);
-  for (const Scratch& s : {workspace_, staging_})
-    if (s.p) cudaFree(s.p);
+  for (cudaStream_t s : sides_) cudaStreamSynchronize(s);
+  for (const std::vector<Scratch>* all : {&workspaces_, &stagings_})
+    for (const Scratch& s : *all)
+      if (s.p) cudaFree(s.p);
+  for (cudaEvent_t e : joins_) cudaEventDestroy(e);
+  if (fork_) cudaEventDestroy(fork_);
+  for (cudaStream_t s : sides_) cudaStreamDestroy(s);
   if (dnn_) cudnnDestroy(dnn_);
   if (blas_) cublasDestroy(blas_);
   for (cudaStream_t s : {compute_, copy_, comm_})
     if (s) cudaStreamDestroy(s);
 }
 
-void* Context::workspace(size_t bytes) { return grow(workspace_, bytes); }
+// The scratch of the stream compute() names: only its own work uses it.
+void* Context::workspace(size_t bytes) { return grow(workspaces_[size_t(side_ + 1)], bytes); }
 
-void* Context::staging(size_t bytes) { return grow(staging_, bytes); }
+void* Context::staging(size_t bytes) { return grow(stagings_[size_t(side_ + 1)], bytes); }
 
 void* Context::grow(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.p;
   // Work already queued may still use the old buffer.
-  DDP_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  DDP_CUDA_CHECK(cudaStreamSynchronize(compute()));
   if (s.p) DDP_CUDA_CHECK(cudaFree(s.p));
   s.p = nullptr;
   s.bytes = 0;
@@ -101,15 +110,57 @@ void* Context::grow(Scratch& s, size_t bytes) {
 void* Context::alloc(size_t bytes) {
   void* p = nullptr;
   if (bytes == 0) return p;
-  DDP_CUDA_CHECK(cudaMallocAsync(&p, bytes, compute_));
+  DDP_CUDA_CHECK(cudaMallocAsync(&p, bytes, compute()));
   return p;
 }
 
 void Context::free(void* p) {
-  if (p) DDP_CUDA_CHECK(cudaFreeAsync(p, compute_));
+  if (p) DDP_CUDA_CHECK(cudaFreeAsync(p, compute()));
 }
 
-void Context::sync() { DDP_CUDA_CHECK(cudaStreamSynchronize(compute_)); }
+void Context::sync() { DDP_CUDA_CHECK(cudaStreamSynchronize(compute())); }
+
+void Context::issue_on(int side) {
+  side_ = side;
+  spreading_ = std::this_thread::get_id();
+  DDP_CUDNN_CHECK(cudnnSetStream(dnn_, compute()));
+  DDP_CUBLAS_CHECK(cublasSetStream(blas_, compute()));
+}
+
+void Context::on_side_streams(int64_t n, const std::function<void(int64_t)>& body) {
+  DDP_CHECK(side_ < 0, "on_side_streams within on_side_streams");
+  if (n <= 1) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+  if (sides_.empty()) {
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    for (int k = 0; k < kSideStreams; ++k) {
+      sides_.push_back(nullptr);
+      DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&sides_.back(), cudaStreamNonBlocking));
+      joins_.push_back(nullptr);
+      DDP_CUDA_CHECK(cudaEventCreateWithFlags(&joins_.back(), cudaEventDisableTiming));
+    }
+  }
+  const int used = int(std::min<int64_t>(n, kSideStreams));
+  DDP_CUDA_CHECK(cudaEventRecord(fork_, compute_));
+  for (int k = 0; k < used; ++k) DDP_CUDA_CHECK(cudaStreamWaitEvent(sides_[size_t(k)], fork_, 0));
+  std::exception_ptr failed;
+  try {
+    for (int64_t i = 0; i < n; ++i) {
+      issue_on(int(i % used));
+      body(i);
+    }
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  issue_on(-1);
+  for (int k = 0; k < used; ++k) {
+    DDP_CUDA_CHECK(cudaEventRecord(joins_[size_t(k)], sides_[size_t(k)]));
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(compute_, joins_[size_t(k)], 0));
+  }
+  if (failed) std::rethrow_exception(failed);
+}
 
 void Context::warn_once(const std::string& key, const std::string& what) {
   if (warned_.insert(key).second) std::cerr << "ddp_train: warning: " << what << "\n" << std::flush;

@@ -49,7 +49,7 @@ namespace ddp::deterministic {
 // kept per sample between forward and backward (the fused conv-ReLU-pool).
 bool checkable_in_runs(nn::OpKind kind);
 
-class CheckedRuns final : public nn::Kernel, public LaneKernel, public ShardBias {
+class CheckedRuns final : public nn::Kernel, public LaneKernel, public ShardBias, public ConcurrentShards {
  public:
   // What the device lends the check.
   struct Env {
@@ -80,6 +80,9 @@ class CheckedRuns final : public nn::Kernel, public LaneKernel, public ShardBias
   // The inner kernel's, where it is a ShardBias; else false.
   bool bias_grads_of_shards(const nn::OpArgs& a, const float* dy, int shard, int shards, float* bias,
                             size_t stride) override;
+  // The inner kernel's, where it is a ConcurrentShards (a micro-shard's call
+  // goes to it untouched); else false.
+  bool concurrent_shard_calls(bool bias) const override;
 
   // What the checks of whole batches of `batch` found so far.
   Verdict verdict(int batch, nn::Mode mode, bool backward) const;

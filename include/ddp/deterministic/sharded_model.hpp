@@ -89,8 +89,9 @@ class ShardedModel : public nn::Model {
                           const std::vector<float*>& dx, bool runs, float* into = nullptr, bool no_bias = false);
   // Whether the device asks for Note [shard gradients together].
   bool together();
-  // Note [shard gradients together]: op i's micro-shards one after another,
-  // their parameter gradients into buffers of their own, taken at once.
+  // Note [shard gradients together]: op i's micro-shards one after another
+  // (or at once: Note [shard streams]), their parameter gradients into
+  // buffers of their own, taken at once.
   void backward_shards_together(size_t i, LaneKernel* k, int64_t shards, const float* dy,
                                 const std::vector<float*>& dx, bool runs);
   void backward_lanes(size_t i, const float* dy, const std::vector<float*>& dx, int batch);
@@ -105,6 +106,7 @@ class ShardedModel : public nn::Model {
   // as the op with the most parameters has), made at the first backward_shards.
   std::vector<std::unique_ptr<nn::Array>> lane_grads_;
   std::unique_ptr<nn::Array> shard_grads_;  // Note [shard gradients together], grown to fit
+  std::vector<bool> backed_;                // Note [shard streams]: ops past their first backward_shards_together
 };
 
 }  // namespace ddp::deterministic

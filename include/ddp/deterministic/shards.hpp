@@ -49,6 +49,19 @@
 // convolution in fp32 and TF32) first sums every micro-shard's bias
 // gradient in one pass, each the bits its own call would add, and the
 // micro-shards' calls then leave the bias out.
+//
+// Note [shard streams]: those micro-shards' calls each write a buffer of
+// their own from the op's inputs and output gradient alone, so on a device
+// with several streams (ShardStreams: the GPU's side streams, Note [side
+// streams] in runtime/cuda_context.hpp) they may run at once, where one
+// after another each leaves most of a GPU idle (a weight gradient over 16
+// samples). Each call is the call it was (the same kernel and plan, chosen
+// by the micro-shard's size, and scratch of its stream's own): the same
+// bits, however they overlap. Only a kernel that says its calls share no
+// memory of their own (ConcurrentShards) is spread, and not in an op's first
+// backward, so that whatever the kernel chooses and sizes at a first call
+// (cuDNN's plans, timed with --cudnn-benchmark) is done on the compute
+// stream alone.
 #pragma once
 
 #include <cstddef>
@@ -87,6 +100,25 @@ class ShardsTogether {
  public:
   virtual ~ShardsTogether() = default;
   virtual bool shard_gradients_together() const = 0;
+};
+
+// Note [shard streams]: a device without lanes that runs calls at once on
+// several streams of its own.
+class ShardStreams {
+ public:
+  virtual ~ShardStreams() = default;
+  // body(i) for every i in [0, n), spread over the streams: each sees what
+  // was issued before, and what is issued afterwards sees them all.
+  virtual void on_streams(int64_t n, const std::function<void(int64_t)>& body) = 0;
+};
+
+// Note [shard streams]: a kernel whose micro-shard backward calls (with
+// their bias gradients where `bias`) may run at once on a ShardStreams
+// device: they share no memory of the kernel's own.
+class ConcurrentShards {
+ public:
+  virtual ~ConcurrentShards() = default;
+  virtual bool concurrent_shard_calls(bool bias) const = 0;
 };
 
 // Note [shard gradients together]: a kernel that adds the bias gradients

@@ -8,6 +8,17 @@
 // events (cudaStreamWaitEvent), never by host synchronisation: the host only
 // waits where it must read a result (the epoch's metrics) or reuse a pinned
 // buffer.
+//
+// Note [side streams]: work whose calls are independent of one another and
+// each too small to fill the GPU (--deterministic's micro-shards' weight
+// gradients: Note [shard streams] in deterministic/shards.hpp) may be spread
+// over a few side streams (on_side_streams). Every call there sees what was
+// issued on the compute stream before, and what is issued on it afterwards
+// sees every call. While a call is issued, compute() is its side stream,
+// for the thread that spreads them: everything the call issues through the
+// context (cuDNN and cuBLAS included) goes there, with a workspace and
+// staging memory of that stream's own. A call's arithmetic is what it is on
+// the compute stream: only when it runs changes.
 #pragma once
 
 #include <cublas_v2.h>
@@ -15,9 +26,12 @@
 #include <cudnn.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ddp::cuda {
@@ -47,14 +61,26 @@ class Context {
 
   int device() const { return device_; }
   int sms() const { return sms_; }  // the device's streaming multiprocessors
-  cudaStream_t compute() const { return compute_; }
+  // The compute stream; during on_side_streams, for the thread that called
+  // it, the side stream of the call being issued (Note [side streams]).
+  cudaStream_t compute() const {
+    return side_ >= 0 && std::this_thread::get_id() == spreading_ ? sides_[size_t(side_)] : compute_;
+  }
   cudaStream_t copy() const { return copy_; }
   cudaStream_t comm() const { return comm_; }
   cublasHandle_t blas() const { return blas_; }
   cudnnHandle_t dnn() const { return dnn_; }
 
+  // Note [side streams]: body(i) for every i in [0, n), call i issued on
+  // side stream i mod kSideStreams, after everything issued on the compute
+  // stream so far and before everything issued on it afterwards. The host
+  // does not wait. Not nested.
+  static constexpr int kSideStreams = 4;
+  void on_side_streams(int64_t n, const std::function<void(int64_t)>& body);
+
   // One scratch buffer for cuDNN, grown to the largest request and reused
-  // (ops on the compute stream run one after another, so they may share it).
+  // (ops on the compute stream run one after another, so they may share it;
+  // each side stream has its own).
   void* workspace(size_t bytes);
   // A second one, grown and shared the same way, for what an op converts
   // before a cuDNN or cuBLAS call that also takes the workspace: the 16-bit
@@ -106,7 +132,16 @@ class Context {
     size_t bytes = 0;
   };
   void* grow(Scratch& s, size_t bytes);  // s, at least `bytes` long
-  Scratch workspace_, staging_;
+  // The stream compute() names (-1: the compute stream) for cuDNN and cuBLAS.
+  void issue_on(int side);
+  // The compute stream's scratch, then each side stream's.
+  std::vector<Scratch> workspaces_ = std::vector<Scratch>(1 + kSideStreams),
+                       stagings_ = std::vector<Scratch>(1 + kSideStreams);
+  std::vector<cudaStream_t> sides_;  // made at the first on_side_streams
+  std::vector<cudaEvent_t> joins_;   // each side stream's last call
+  cudaEvent_t fork_ = nullptr;       // the compute stream before the calls
+  int side_ = -1;                    // the side stream being issued to
+  std::thread::id spreading_;        // the thread issuing to it
   std::set<std::string> warned_;
   bool deterministic_ = false;
   bool benchmark_ = false;

@@ -481,7 +481,7 @@ void CudnnConv::bias_grad(cuda::Context& ctx, int images, const void* dy, float*
 bool CudnnConv::bias_grads_of_parts(cuda::Context& ctx, int images, int parts, const float* dy, float* db,
                                     size_t stride) {
   // Where backward sums the bias with bias_grad, in fp32 and TF32.
-  if (is_half(precision_) || !(ctx.next_kernels() || layout_ == Layout::NHWC) || parts <= 0) return false;
+  if (is_half(precision_) || !bias_by_sums(ctx) || parts <= 0) return false;
   bias_grad(ctx, images, dy, db, parts, stride);
   return true;
 }

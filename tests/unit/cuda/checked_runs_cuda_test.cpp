@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -73,9 +74,10 @@ Step step(cuda::Context& ctx, ShardedModel& model, const nn::test::Batch& b, int
 class CudaCheckedRuns : public GpuTest {};
 
 // The batch of 4 micro-shards in one model, twice (the first step checks
-// each op's one call, the second takes it), against each micro-shard alone
-// in a model of its own (a world of 4 ranks): logits and gradients the same
-// bits, in both layouts.
+// each op's one call, the second takes it, and spreads the convolutions'
+// weight-gradient calls over the side streams: Note [shard streams]),
+// against each micro-shard alone in a model of its own (a world of 4
+// ranks): logits and gradients the same bits, in both layouts.
 TEST_F(CudaCheckedRuns, OneCallOverTheMicroShardsIsEachMicroShardsOwnBits) {
   const nn::test::Batch b = nn::test::random_batch(kBatch, 41, kPixels, kClasses);
   for (const bool nhwc : {false, true}) {
@@ -103,6 +105,60 @@ TEST_F(CudaCheckedRuns, OneCallOverTheMicroShardsIsEachMicroShardsOwnBits) {
       }
     }
   }
+}
+
+class CudaSideStreams : public GpuTest {};
+
+// Note [side streams]: each call is issued on a side stream of its own
+// (round robin over kSideStreams), with cuDNN's and cuBLAS's handles and a
+// workspace of that stream's; each sees what the compute stream held before,
+// and the compute stream sees every call after; a call that throws leaves
+// the compute stream in place.
+TEST_F(CudaSideStreams, CallsRunOnTheirOwnStreamsBetweenWhatCameBeforeAndAfter) {
+  constexpr int kCalls = 2 * cuda::Context::kSideStreams + 1;
+  constexpr size_t kWords = 1 << 20;
+  const cudaStream_t compute = ctx().compute();
+  const void* compute_workspace = ctx().workspace(256);
+  DeviceArray<float> from(ctx(), normal(kWords, 5)), to(ctx(), size_t(kCalls) * kWords);
+  // What the compute stream issues last before the calls: they must see it.
+  const std::vector<float> want = normal(kWords, 6);
+  DDP_CUDA_CHECK(
+      cudaMemcpyAsync(from.get(), want.data(), kWords * sizeof(float), cudaMemcpyHostToDevice, compute));
+  std::vector<cudaStream_t> streams;
+  std::vector<const void*> workspaces;
+  ctx().on_side_streams(kCalls, [&](int64_t i) {
+    streams.push_back(ctx().compute());
+    workspaces.push_back(ctx().workspace(256));
+    cudaStream_t handle_stream = nullptr;
+    DDP_CUDNN_CHECK(cudnnGetStream(ctx().dnn(), &handle_stream));
+    EXPECT_EQ(handle_stream, ctx().compute()) << "call " << i;
+    DDP_CUDA_CHECK(cudaMemcpyAsync(to.get() + size_t(i) * kWords, from.get(), kWords * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, ctx().compute()));
+  });
+  EXPECT_EQ(ctx().compute(), compute);
+  ASSERT_EQ(streams.size(), size_t(kCalls));
+  for (int i = 0; i < kCalls; ++i) {
+    EXPECT_NE(streams[size_t(i)], compute) << "call " << i;
+    EXPECT_NE(workspaces[size_t(i)], compute_workspace) << "call " << i;
+    const int k = i % cuda::Context::kSideStreams;
+    EXPECT_EQ(streams[size_t(i)], streams[size_t(k)]) << "call " << i;
+    EXPECT_EQ(workspaces[size_t(i)], workspaces[size_t(k)]) << "call " << i;
+    if (i > 0 && i < cuda::Context::kSideStreams) EXPECT_NE(streams[size_t(i)], streams[0]) << "call " << i;
+  }
+  // Read on the compute stream: every call's copy is there.
+  const std::vector<float> all = to.download();
+  for (int i = 0; i < kCalls; ++i)
+    EXPECT_EQ(bits(std::vector<float>(all.begin() + i * kWords, all.begin() + (i + 1) * kWords)), bits(want))
+        << "call " << i;
+  EXPECT_THROW(ctx().on_side_streams(3,
+                                     [&](int64_t i) {
+                                       if (i == 1) throw std::runtime_error("call 1 failed");
+                                     }),
+               std::runtime_error);
+  EXPECT_EQ(ctx().compute(), compute);
+  cudaStream_t handle_stream = nullptr;
+  DDP_CUDNN_CHECK(cudnnGetStream(ctx().dnn(), &handle_stream));
+  EXPECT_EQ(handle_stream, compute);
 }
 
 }  // namespace

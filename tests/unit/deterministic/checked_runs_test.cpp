@@ -16,7 +16,8 @@
 #include <vector>
 
 #include "../nn/model_util.hpp"  // Batch, random_batch, tiny_resnet
-#include "ddp/core/error.hpp"  // DDP_FAIL
+#include "ddp/core/error.hpp"   // DDP_FAIL
+#include "ddp/core/scoped.hpp"  // Scoped
 #include "ddp/deterministic/devices.hpp"
 #include "ddp/deterministic/sharded_model.hpp"
 #include "ddp/nn/model.hpp"  // softmax_cross_entropy, init_state
@@ -32,6 +33,7 @@ constexpr int kBatch = 12, kShard = 3, kShards = kBatch / kShard, kClasses = 5;
 
 struct Calls {
   int forward = 0, backward = 0, biases = 0;  // biases: bias_grads_of_shards's
+  int spread = 0;  // backward calls made within the device's on_streams
 };
 
 // How a kernel behaves on a call of more than one micro-shard: as the
@@ -42,11 +44,15 @@ enum class Skew { None, Bit, Fails };
 
 // The CPU's plain kernel of one op, its calls counted, skewed. With a
 // graph (a convolution's): it takes every micro-shard's bias gradients at
-// once, as its own backward calls micro-shard by micro-shard would.
-class Counted final : public nn::Kernel, public ShardBias {
+// once, as its own backward calls micro-shard by micro-shard would. Its
+// calls may run at once on streams where they take no bias gradient (as
+// the GPU's convolution where it sums the bias into a buffer of its own).
+class Counted final : public nn::Kernel, public ShardBias, public ConcurrentShards {
  public:
-  Counted(std::unique_ptr<nn::Kernel> inner, Calls& calls, Skew skew, const Graph* g = nullptr, size_t op = 0)
-      : inner_(std::move(inner)), calls_(calls), skew_(skew), g_(g), op_(op) {}
+  Counted(std::unique_ptr<nn::Kernel> inner, Calls& calls, Skew skew, const bool& spreading,
+          const Graph* g = nullptr, size_t op = 0)
+      : inner_(std::move(inner)), calls_(calls), skew_(skew), spreading_(spreading), g_(g), op_(op) {}
+  bool concurrent_shard_calls(bool bias) const override { return !bias; }
   bool bias_grads_of_shards(const OpArgs& a, const float* dy, int shard, int shards, float* bias,
                             size_t stride) override {
     if (!g_) return false;
@@ -71,6 +77,7 @@ class Counted final : public nn::Kernel, public ShardBias {
   }
   void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override {
     ++calls_.backward;
+    calls_.spread += spreading_;
     refuse(a.batch);
     inner_->backward(a, dy, dx);
     if (skew_ == Skew::Bit && a.batch > kShard && dx[0]) nudge(dx[0]);
@@ -89,6 +96,7 @@ class Counted final : public nn::Kernel, public ShardBias {
   std::unique_ptr<nn::Kernel> inner_;
   Calls& calls_;
   Skew skew_;
+  const bool& spreading_;  // the device's: within on_streams
   const Graph* g_;
   size_t op_;
 };
@@ -96,19 +104,27 @@ class Counted final : public nn::Kernel, public ShardBias {
 // The CPU's deterministic device with one lane, whose checkable ops run the
 // CPU's plain kernels (counted; the op named `skewed` skewed by `skew`): in
 // CheckedRuns where `checked`, else one call a micro-shard (the reference);
-// without lanes, its micro-shards' gradients taken together, as a GPU's.
-class OneLaneDevice : public nn::Device, public ShardsTogether {
+// without lanes, its micro-shards' gradients taken together, as a GPU's;
+// with `streams`, calls run "at once" (Note [shard streams]): here the last
+// first, as streams may finish in any order.
+class OneLaneDevice : public nn::Device, public ShardsTogether, public ShardStreams {
  public:
-  OneLaneDevice(bool checked, std::string skewed = "", Skew skew = Skew::None, bool biases = false)
-      : checked_(checked), skewed_(std::move(skewed)), skew_(skew), biases_(biases) {}
+  OneLaneDevice(bool checked, std::string skewed = "", Skew skew = Skew::None, bool biases = false,
+                bool streams = false)
+      : checked_(checked), skewed_(std::move(skewed)), skew_(skew), biases_(biases), streams_(streams) {}
   std::string name() const override { return "one-lane cpu"; }
   bool shard_gradients_together() const override { return true; }
+  void on_streams(int64_t n, const std::function<void(int64_t)>& body) override {
+    Scoped<bool> spreading(spreading_, streams_);
+    for (int64_t i = n - 1; i >= 0; --i) body(i);
+  }
   std::unique_ptr<nn::Kernel> kernel(const Graph& g, size_t i, nn::StatsReducer* stats) override {
     const nn::Op& op = g.ops[i];
     if (!checkable_in_runs(op.kind)) return shards_->kernel(g, i, stats);
     const bool conv = biases_ && op.kind == nn::OpKind::Conv2d;
     auto counted = std::make_unique<Counted>(plain_->kernel(g, i, stats), calls[op.name],
-                                             op.name == skewed_ ? skew_ : Skew::None, conv ? &g : nullptr, i);
+                                             op.name == skewed_ ? skew_ : Skew::None, spreading_,
+                                             conv ? &g : nullptr, i);
     if (!checked_) return counted;
     CheckedRuns::Env env;
     env.device = this;
@@ -137,6 +153,8 @@ class OneLaneDevice : public nn::Device, public ShardsTogether {
   std::string skewed_;
   Skew skew_;
   bool biases_;  // its convolutions take their micro-shards' bias gradients at once
+  bool streams_;  // on_streams runs its calls last first, as at once
+  bool spreading_ = false;  // within on_streams
   std::unique_ptr<nn::Device> shards_ = make_cpu_device(1), plain_ = nn::make_cpu_device(1);
 };
 
@@ -174,7 +192,7 @@ struct Grads final : ShardGradients {
 struct Steps {
   std::vector<float> logits, eval;
   std::vector<std::vector<std::vector<float>>> grads;
-  std::map<std::string, Calls> second;
+  std::map<std::string, Calls> first, second;  // calls in the first and the second step
   int together = 0;  // the last step's take_shards calls
 };
 
@@ -183,8 +201,10 @@ Steps run(OneLaneDevice& device, const nn::test::Batch& b) {
   model.set_state(nn::init_state(model.graph(), 5));
   Steps s;
   for (int step = 0; step < 2; ++step) {
-    if (step == 1)
+    if (step == 1) {
+      s.first = device.calls;
       for (auto& [op, calls] : device.calls) calls = Calls{};  // the kernels hold them
+    }
     model.zero_grads();
     const float* l = model.forward_shards(b.x.data(), kBatch, Mode::Train, kShard);
     s.logits.assign(l, l + kBatch * kClasses);
@@ -292,6 +312,32 @@ TEST(ShardGradients, WithoutLanesAnOpsMicroShardsAreTakenTogether) {
     EXPECT_EQ(got.together, 7);
     for (const auto& [op, calls] : got.second)
       EXPECT_EQ(calls.biases, checked && op.find("conv") != std::string::npos ? 1 : 0) << op;
+  }
+}
+
+// Note [shard streams]: on a device that runs calls at once, an op's
+// micro-shards' backward calls are spread over its streams from the op's
+// second backward on, where the kernel allows it (here: where the calls
+// take no bias gradient), and each micro-shard's gradients are still the
+// bits of its own call.
+TEST(ShardStreams, MicroShardCallsAtOnceFromAnOpsSecondBackwardAreTheirOwnBits) {
+  const nn::test::Batch b = nn::test::random_batch(kBatch, 35, 2 * 8 * 8, kClasses);
+  for (const bool biases : {false, true}) {
+    SCOPED_TRACE(biases ? "biases together: calls without one" : "calls with their bias");
+    OneLaneDevice streams(/*checked=*/biases, "", Skew::None, biases, /*streams=*/true);
+    LanedDevice one_by_one(false);
+    const Steps got = run(streams, b), want = run(one_by_one, b);
+    EXPECT_EQ(got.logits, want.logits);
+    EXPECT_EQ(got.grads, want.grads);
+    for (const auto& [op, calls] : got.first) EXPECT_EQ(calls.spread, 0) << op;
+    // The tiny ResNet's convolutions (fc's kernel is not one that allows it).
+    int spread = 0;
+    for (const auto& [op, calls] : got.second) {
+      const bool conv = op.find("conv") != std::string::npos;
+      EXPECT_EQ(calls.spread, conv && biases ? kShards : 0) << op;
+      spread += calls.spread;
+    }
+    EXPECT_EQ(spread, biases ? 6 * kShards : 0);
   }
 }
 

@@ -130,8 +130,19 @@ class CudnnConv {
   // backward sums the bias as BatchNorm's sums are (fp32 and TF32 with
   // --gpu-kernels next); false, nothing done, elsewhere.
   bool bias_grads_of_parts(cuda::Context& ctx, int images, int parts, const float* dy, float* db, size_t stride);
+  // Note [shard streams] (deterministic/shards.hpp): whether backward calls
+  // with no bias gradient, or with one where `bias`, may run at once on
+  // ctx's side streams: everything they write but their outputs is the
+  // context's per-stream scratch. Not where the bias is summed with
+  // bias_grad, whose sums are this convolution's one buffer.
+  bool concurrent_calls(const cuda::Context& ctx, bool bias) const { return !bias || !bias_by_sums(ctx); }
 
  private:
+  // Whether backward sums the bias with bias_grad (else cuDNN's bias pass, or
+  // 16-bit NCHW's own kernel).
+  bool bias_by_sums(const cuda::Context& ctx) const {
+    return is_half(precision_) ? layout_ == Layout::NHWC : ctx.next_kernels() || layout_ == Layout::NHWC;
+  }
   struct Plan;
   Plan& plan(cuda::Context& ctx, int batch);
   // conv_plan_key of this convolution at `batch` in ctx (Note [measured
@@ -200,6 +211,8 @@ class CudaConv final : public Kernel {
   bool bias_grads_of_parts(int images, int parts, const float* dy, float* db, size_t stride) {
     return conv_.bias_grads_of_parts(ctx_, images, parts, dy, db, stride);
   }
+  // CudnnConv::concurrent_calls.
+  bool concurrent_calls(bool bias) const { return conv_.concurrent_calls(ctx_, bias); }
 
  private:
   cuda::Context& ctx_;
