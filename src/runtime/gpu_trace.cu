@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace ddp::cuda {
 
@@ -27,7 +28,6 @@ const char* copy_kind(uint8_t kind) {
     case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "memcpy HtoD";
     case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "memcpy DtoH";
     case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "memcpy DtoD";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP: return "memcpy PtoP";
     default: return "memcpy";
   }
 }
@@ -44,9 +44,10 @@ struct GpuTracer::Cupti {
   CUptiResult (*flush_all)(uint32_t) = nullptr;
   CUptiResult (*next_record)(uint8_t*, size_t, CUpti_Activity**) = nullptr;
   CUptiResult (*timestamp)(uint64_t*) = nullptr;
+  CUptiResult (*dropped)(CUcontext, uint32_t, size_t*) = nullptr;  // may be missing: then not counted
   int64_t host_minus_cupti_ns = 0;  // steady clock - CUPTI's clock, measured at start
   bool enabled = false;
-  std::vector<GpuActivity> records;
+  GpuTracer::Recorded recorded;
 
   static constexpr CUpti_ActivityKind kKinds[3] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                                     CUPTI_ACTIVITY_KIND_MEMSET};
@@ -59,6 +60,8 @@ struct GpuTracer::Cupti {
     enabled = false;
     for (CUpti_ActivityKind k : kKinds) disable(k);
     flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    size_t n = 0;
+    if (dropped && dropped(nullptr, 0, &n) == CUPTI_SUCCESS) recorded.dropped += n;
     std::lock_guard<std::mutex> lock(g_mutex);
     if (active == this) active = nullptr;
   }
@@ -75,12 +78,12 @@ struct GpuTracer::Cupti {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (Cupti* c = active) {
       CUpti_Activity* r = nullptr;
-      while (c->next_record(buffer, valid, &r) == CUPTI_SUCCESS) c->read(r, c->records);
+      while (c->next_record(buffer, valid, &r) == CUPTI_SUCCESS) c->read(r, c->recorded);
     }
     std::free(buffer);
   }
 
-  void read(const CUpti_Activity* r, std::vector<GpuActivity>& out) const {
+  void read(const CUpti_Activity* r, GpuTracer::Recorded& out) const {
     GpuActivity a;
     uint64_t start = 0, end = 0;
     const auto transfer = [&](const auto* m, GpuActivity::Kind kind, const char* name) {
@@ -112,9 +115,13 @@ struct GpuTracer::Cupti {
         break;
       default: return;
     }
+    if (!activity_timed(start, end)) {
+      ++out.untimed;
+      return;
+    }
     a.start_ns = int64_t(start) + host_minus_cupti_ns;
     a.end_ns = int64_t(end) + host_minus_cupti_ns;
-    out.push_back(std::move(a));
+    out.activities.push_back(std::move(a));
   }
 };
 
@@ -143,6 +150,7 @@ std::unique_ptr<GpuTracer> GpuTracer::start(std::string* why) {
   sym(c->flush_all, "cuptiActivityFlushAll");
   sym(c->next_record, "cuptiActivityGetNextRecord");
   sym(c->timestamp, "cuptiGetTimestamp");
+  sym(c->dropped, "cuptiActivityGetNumDroppedRecords");
   if (!c->get_version || !c->register_callbacks || !c->enable || !c->disable || !c->flush_all || !c->next_record ||
       !c->timestamp) {
     *why = "CUPTI's library lacks an entry point of the activity API";
@@ -163,25 +171,48 @@ std::unique_ptr<GpuTracer> GpuTracer::start(std::string* why) {
     }
     Cupti::active = c.get();
   }
+  // The clocks' offset from the tightest of a few readings, after one that
+  // lets CUPTI start up.
+  const auto host_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
   uint64_t cupti_now = 0;
-  const auto host_now = std::chrono::steady_clock::now().time_since_epoch();
-  c->timestamp(&cupti_now);
-  c->host_minus_cupti_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(host_now).count() - int64_t(cupti_now);
-  bool ok = c->register_callbacks(&Cupti::requested, &Cupti::completed) == CUPTI_SUCCESS;
-  for (CUpti_ActivityKind k : Cupti::kKinds) ok = ok && c->enable(k) == CUPTI_SUCCESS;
-  c->enabled = true;
-  if (!ok) {
-    *why = "CUPTI refused to record kernel and copy activity (another profiler attached?)";
-    c->stop();
+  CUptiResult e = c->timestamp(&cupti_now);
+  std::vector<ClockReading> readings;
+  for (int i = 0; i < 5 && e == CUPTI_SUCCESS; ++i) {
+    ClockReading r;
+    r.host_before_ns = host_ns();
+    e = c->timestamp(&cupti_now);
+    r.host_after_ns = host_ns();
+    r.other_ns = int64_t(cupti_now);
+    readings.push_back(r);
+  }
+  const auto refused = [&](const std::string& what) {
+    *why = what + " (CUptiResult " + std::to_string(int(e)) + ")";
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (Cupti::active == c.get()) Cupti::active = nullptr;
     return nullptr;
+  };
+  if (e != CUPTI_SUCCESS) return refused("CUPTI's clock could not be read");
+  c->host_minus_cupti_ns = clock_offset_ns(readings);
+  e = c->register_callbacks(&Cupti::requested, &Cupti::completed);
+  for (CUpti_ActivityKind k : Cupti::kKinds) {
+    if (e != CUPTI_SUCCESS) break;
+    e = c->enable(k);
+    c->enabled = true;
+  }
+  if (e != CUPTI_SUCCESS) {
+    c->stop();
+    return refused("CUPTI refused to record kernel and copy activity (another profiler attached?)");
   }
   return std::unique_ptr<GpuTracer>(new GpuTracer(std::move(c)));
 }
 
-std::vector<GpuActivity> GpuTracer::stop() {
+GpuTracer::Recorded GpuTracer::stop() {
   cupti_->stop();
   std::lock_guard<std::mutex> lock(g_mutex);
-  return std::move(cupti_->records);
+  return std::move(cupti_->recorded);
 }
 
 }  // namespace ddp::cuda

@@ -1,10 +1,12 @@
-// kernel_display_name (runtime/gpu_trace.hpp): host code, so that it is
-// tested on machines without a GPU.
+// kernel_display_name, activity_timed and clock_offset_ns
+// (runtime/gpu_trace.hpp): host code, so that it is tested on machines
+// without a GPU.
 #include <cxxabi.h>
 
 #include <cstdlib>
 #include <string>
 
+#include "ddp/core/error.hpp"  // DDP_CHECK
 #include "ddp/runtime/gpu_trace.hpp"
 
 namespace ddp::cuda {
@@ -33,6 +35,16 @@ std::string kernel_display_name(const char* mangled) {
   // A template function's demangled name starts with its return type.
   if (name.compare(0, 5, "void ") == 0) name.erase(0, 5);
   return name;
+}
+
+bool activity_timed(uint64_t start_ns, uint64_t end_ns) { return start_ns > 0 && end_ns >= start_ns; }
+
+int64_t clock_offset_ns(const std::vector<ClockReading>& readings) {
+  DDP_CHECK(!readings.empty(), "no clock readings");
+  const ClockReading* best = &readings.front();
+  for (const ClockReading& r : readings)
+    if (r.host_after_ns - r.host_before_ns < best->host_after_ns - best->host_before_ns) best = &r;
+  return best->host_before_ns + (best->host_after_ns - best->host_before_ns) / 2 - best->other_ns;
 }
 
 }  // namespace ddp::cuda

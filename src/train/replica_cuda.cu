@@ -195,7 +195,12 @@ class CudaBackend final : public Backend, public ExactBackend {
     const auto at = [](int64_t ns) {
       return Trace::Clock::time_point(std::chrono::duration_cast<Trace::Clock::duration>(std::chrono::nanoseconds(ns)));
     };
-    for (cuda::GpuActivity& a : tracer_->stop()) {
+    cuda::GpuTracer::Recorded recorded = tracer_->stop();
+    if (recorded.activities.empty() || recorded.untimed > 0 || recorded.dropped > 0)
+      ctx_->warn_once("trace-gpu-lost", "--trace: the GPU tracks hold " + std::to_string(recorded.activities.size()) +
+                                            " activities; CUPTI could not time " + std::to_string(recorded.untimed) +
+                                            " (left out) and dropped " + std::to_string(recorded.dropped));
+    for (cuda::GpuActivity& a : recorded.activities) {
       const bool kernel = a.kind == cuda::GpuActivity::Kind::kKernel;
       const char* category = kernel ? "gpu kernel" : a.kind == cuda::GpuActivity::Kind::kMemcpy ? "gpu memcpy" : "gpu memset";
       Trace::Args args;

@@ -27,6 +27,19 @@ struct GpuActivity {
 // "ns::k<float>"); a name that does not demangle is kept as it is.
 std::string kernel_display_name(const char* mangled);
 
+// Whether a CUPTI record's times can be placed: both set, in order. CUPTI
+// leaves them 0 where it could not time an activity (its device buffers
+// full), and a forced flush may hand over one that has not ended.
+bool activity_timed(uint64_t start_ns, uint64_t end_ns);
+
+// Host clock minus another clock, from readings of the host clock taken
+// just before and just after each reading of the other: the reading with
+// the tightest bracket, the other's taken at its middle. Throws on none.
+struct ClockReading {
+  int64_t host_before_ns = 0, other_ns = 0, host_after_ns = 0;
+};
+int64_t clock_offset_ns(const std::vector<ClockReading>& readings);
+
 class GpuTracer {
  public:
   // Starts recording the process's GPU activity; nullptr, with the reason in
@@ -37,9 +50,15 @@ class GpuTracer {
   GpuTracer(const GpuTracer&) = delete;
   GpuTracer& operator=(const GpuTracer&) = delete;
 
-  // Stops recording and returns what was recorded since start() (the caller
-  // waits for the device first, so that every activity has ended).
-  std::vector<GpuActivity> stop();
+  // What was recorded since start(), and what was lost: records CUPTI could
+  // not time (left out) and records it dropped (its buffers full).
+  struct Recorded {
+    std::vector<GpuActivity> activities;
+    uint64_t untimed = 0, dropped = 0;
+  };
+  // Stops recording and returns what was recorded (the caller waits for the
+  // device first, so that every activity has ended).
+  Recorded stop();
 
   struct Cupti;
 
