@@ -365,6 +365,9 @@ void CudaBatchNorm::launch_sums(int images, int shards, const float* x, const fl
   const int64_t values = int64_t(images) * hw_;
   DDP_CHECK(values < (int64_t(1) << 31), "BatchNorm2d ", op_.name, ": ", values,
             " values a channel in one call; at most 2^31 are supported");
+  // The grids' second dimension is the channel (NCHW), the third the micro-shard.
+  DDP_CHECK(c_ <= 65535 && shards <= 65535, "BatchNorm2d ", op_.name, ": ", c_, " channels and ", shards,
+            " micro-shards in one launch; at most 65535 of each are supported");
   double* parts = parts_for(shards);
   if (layout_ == Layout::NHWC) {
     if (!dy) return channel_sums_nhwc_cuda(ctx_, x, mean, values, c_, parts, out, shards);

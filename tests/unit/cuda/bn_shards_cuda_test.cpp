@@ -36,9 +36,11 @@ nn::Graph bn_graph(const nn::Shape& in) {
 
 TEST_F(CudaShardSums, MicroShardsInOneLaunchAreEachLaunchsOwnBits) {
   // 40 channels (not a multiple of the NHWC blocks' 32), odd planes, and
-  // micro-shards big enough to be cut into several runs a channel.
+  // micro-shards big enough to be cut into several runs a channel in both
+  // layouts (NCHW: 12 x 33 x 31 values a channel, 6 runs of at least
+  // kBnMinPerSplit).
   constexpr int kC = 40, kShards = 4, kImages = 12;
-  const nn::Shape in{kC, 15, 13};
+  const nn::Shape in{kC, 33, 31};
   const size_t image = size_t(in.numel()), n = size_t(kShards) * kImages * image;
   const nn::Graph g = bn_graph(in);
   DeviceArray<float> x(ctx(), normal(n, 1)), dy(ctx(), normal(n, 2)), relu(ctx(), normal(n, 3)),
@@ -79,7 +81,7 @@ TEST_F(CudaShardSums, MicroShardsInOneLaunchAreEachLaunchsOwnBits) {
 // float(sum(dy)).
 TEST_F(CudaShardSums, EveryMicroShardsWeightAndBiasGradientsAtOnce) {
   constexpr int kC = 40, kShards = 4, kImages = 6;
-  const nn::Shape in{kC, 9, 7};
+  const nn::Shape in{kC, 33, 31};  // several runs a channel in a micro-shard
   const size_t image = size_t(in.numel()), n = size_t(kShards) * kImages * image;
   const nn::Graph g = bn_graph(in);
   ctx().set_next_kernels(true);
@@ -112,7 +114,7 @@ TEST_F(CudaShardSums, EveryMicroShardsWeightAndBiasGradientsAtOnce) {
 // part's the bits its own backward adds, in both layouts, fp32 and TF32.
 TEST_F(CudaShardSums, ConvolutionBiasGradientsOfSeveralPartsAtOnce) {
   constexpr int kParts = 4, kImages = 5, kOut = 24;
-  const nn::Shape in{6, 11, 9};
+  const nn::Shape in{6, 32, 32};  // several runs a channel in a part (NCHW: 5 x 1024 values)
   nn::GraphBuilder b("conv", in, /*pytorch_init=*/true);
   const nn::Graph g = b.finish(b.conv("conv", b.input(), kOut, 3, 1, 1));
   const nn::Op& op = g.ops[0];

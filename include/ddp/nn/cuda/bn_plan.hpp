@@ -11,7 +11,8 @@
 // channel's runs in run order. The cut depends only on the number of values,
 // the channels and the GPU's SM count, never on timing: a call's sums repeat
 // bit for bit, and a micro-shard's sums (--deterministic) are the same at
-// every world size.
+// every world size of GPUs with as many SMs (another GPU model, or a MIG
+// slice, cuts them otherwise).
 //
 // Note [shards in one launch]: --deterministic sums each micro-shard of 16 on
 // its own (Note [micro-shards], deterministic/shards.hpp), one launch pair a
