@@ -91,9 +91,9 @@ Context::~Context() {
 }
 
 // The scratch of the stream compute() names: only its own work uses it.
-void* Context::workspace(size_t bytes) { return grow(workspaces_[size_t(side_ + 1)], bytes); }
+void* Context::workspace(size_t bytes) { return grow(workspaces_[size_t(issuing_to() + 1)], bytes); }
 
-void* Context::staging(size_t bytes) { return grow(stagings_[size_t(side_ + 1)], bytes); }
+void* Context::staging(size_t bytes) { return grow(stagings_[size_t(issuing_to() + 1)], bytes); }
 
 void* Context::grow(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.p;
@@ -149,15 +149,23 @@ void Context::on_side_streams(int64_t n, const std::function<void(int64_t)>& bod
   try {
     for (int64_t i = 0; i < n; ++i) {
       issue_on(int(i % used));
+      ++side_calls_;
       body(i);
     }
   } catch (...) {
     failed = std::current_exception();
   }
-  issue_on(-1);
-  for (int k = 0; k < used; ++k) {
-    DDP_CUDA_CHECK(cudaEventRecord(joins_[size_t(k)], sides_[size_t(k)]));
-    DDP_CUDA_CHECK(cudaStreamWaitEvent(compute_, joins_[size_t(k)], 0));
+  // Back on the compute stream, after every call; where a call failed, its
+  // error is the one reported.
+  try {
+    issue_on(-1);
+    for (int k = 0; k < used; ++k) {
+      DDP_CUDA_CHECK(cudaEventRecord(joins_[size_t(k)], sides_[size_t(k)]));
+      DDP_CUDA_CHECK(cudaStreamWaitEvent(compute_, joins_[size_t(k)], 0));
+    }
+  } catch (...) {
+    side_ = -1;
+    if (!failed) throw;
   }
   if (failed) std::rethrow_exception(failed);
 }

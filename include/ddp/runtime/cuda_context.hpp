@@ -17,8 +17,12 @@
 // sees every call. While a call is issued, compute() is its side stream,
 // for the thread that spreads them: everything the call issues through the
 // context (cuDNN and cuBLAS included) goes there, with a workspace and
-// staging memory of that stream's own. A call's arithmetic is what it is on
-// the compute stream: only when it runs changes.
+// staging memory of that stream's own, grown when a call first needs more
+// (a wait for that stream: the first spread steps only). A call's
+// arithmetic is what it is on the compute stream: only when it runs
+// changes. Not cuBLAS's: its handle keeps one workspace for every stream,
+// and cuBLAS promises the same bits only while one stream uses it, so
+// calls that use cuBLAS are not to be spread.
 #pragma once
 
 #include <cublas_v2.h>
@@ -64,7 +68,8 @@ class Context {
   // The compute stream; during on_side_streams, for the thread that called
   // it, the side stream of the call being issued (Note [side streams]).
   cudaStream_t compute() const {
-    return side_ >= 0 && std::this_thread::get_id() == spreading_ ? sides_[size_t(side_)] : compute_;
+    const int side = issuing_to();
+    return side >= 0 ? sides_[size_t(side)] : compute_;
   }
   cudaStream_t copy() const { return copy_; }
   cudaStream_t comm() const { return comm_; }
@@ -77,6 +82,8 @@ class Context {
   // does not wait. Not nested.
   static constexpr int kSideStreams = 4;
   void on_side_streams(int64_t n, const std::function<void(int64_t)>& body);
+  // The calls issued on side streams so far.
+  int64_t side_calls() const { return side_calls_; }
 
   // One scratch buffer for cuDNN, grown to the largest request and reused
   // (ops on the compute stream run one after another, so they may share it;
@@ -134,14 +141,19 @@ class Context {
   void* grow(Scratch& s, size_t bytes);  // s, at least `bytes` long
   // The stream compute() names (-1: the compute stream) for cuDNN and cuBLAS.
   void issue_on(int side);
+  // The side stream this thread issues to, or -1 (the compute stream).
+  int issuing_to() const { return side_ >= 0 && std::this_thread::get_id() == spreading_ ? side_ : -1; }
   // The compute stream's scratch, then each side stream's.
   std::vector<Scratch> workspaces_ = std::vector<Scratch>(1 + kSideStreams),
                        stagings_ = std::vector<Scratch>(1 + kSideStreams);
   std::vector<cudaStream_t> sides_;  // made at the first on_side_streams
   std::vector<cudaEvent_t> joins_;   // each side stream's last call
   cudaEvent_t fork_ = nullptr;       // the compute stream before the calls
-  int side_ = -1;                    // the side stream being issued to
-  std::thread::id spreading_;        // the thread issuing to it
+  // The side stream being issued to, and the thread issuing to it: set
+  // and read by that thread alone (other threads see the compute stream).
+  int side_ = -1;
+  std::thread::id spreading_;
+  int64_t side_calls_ = 0;
   std::set<std::string> warned_;
   bool deterministic_ = false;
   bool benchmark_ = false;

@@ -241,6 +241,7 @@ struct Engine {
 
 std::vector<Engine> engines(cuda::Context& ctx, const OpGraph& g, Precision p, size_t cap) {
   std::vector<Engine> out;
+  std::vector<ConvAlgoCandidate> offered;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     for (Desc& c : engine_configs(g, mode)) {
       Engine e;
@@ -248,16 +249,19 @@ std::vector<Engine> engines(cuda::Context& ctx, const OpGraph& g, Precision p, s
       const EngineNotes notes = notes_of(e.config);
       if (graph_notes_usable(notes, p) && make_plan(ctx, e.config, &e.plan, &e.workspace))
         e.candidate = graph_engine_candidate(notes, p, e.workspace, cap);
+      offered.push_back(e.candidate);
       out.push_back(std::move(e));
     }
-    // The fallback list only where the heuristics offered nothing usable.
-    if (std::any_of(out.begin(), out.end(), [](const Engine& e) { return e.candidate.usable; })) break;
+    // The fallback list only where the heuristics offered nothing the run
+    // may take (under --deterministic: no deterministic engine).
+    if (graph_engines_enough(offered, ctx.deterministic())) break;
   }
   return out;
 }
 
 // Note [measured algorithms] for engines: each usable one (the first
-// kMaxTimed) run once to warm up, then three times between two events, on
+// kMaxTimed; under --deterministic deterministic ones only, as no other may
+// be chosen) run once to warm up, then three times between two events, on
 // scratch operands of the graph's shapes.
 std::vector<TimedAlgo> time_engines(cuda::Context& ctx, const ConvGraphSpec& s, const std::vector<Engine>& es,
                                     size_t cap) {
@@ -277,7 +281,7 @@ std::vector<TimedAlgo> time_engines(cuda::Context& ctx, const ConvGraphSpec& s, 
   std::vector<TimedAlgo> timed(es.size());
   int tried = 0;
   for (size_t i = 0; i < es.size() && tried < kMaxTimed; ++i) {
-    if (!es[i].candidate.usable) continue;
+    if (!es[i].candidate.usable || (ctx.deterministic() && !es[i].candidate.deterministic)) continue;
     ++tried;
     bool ok = execute(ctx, es[i].plan, x, w, y, ws) == CUDNN_STATUS_SUCCESS;
     DDP_CUDA_CHECK(cudaEventRecord(start, ctx.compute()));

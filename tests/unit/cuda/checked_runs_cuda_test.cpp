@@ -91,7 +91,11 @@ TEST_F(CudaCheckedRuns, OneCallOverTheMicroShardsIsEachMicroShardsOwnBits) {
     alone.set_state(nn::init_state(alone.graph(), 3));
     for (int repeat = 0; repeat < 2; ++repeat) {
       SCOPED_TRACE("step " + std::to_string(repeat));
+      const int64_t spread = ctx().side_calls();
       const Step all = step(ctx(), whole, b, 0, kBatch);
+      // Note [shard streams]: from the second step on, both convolutions'
+      // 4 micro-shards' weight gradients on side streams.
+      EXPECT_EQ(ctx().side_calls() - spread, repeat == 0 ? 0 : 2 * kBatch / kShard);
       for (int s = 0; s < kBatch / kShard; ++s) {
         const Step one = step(ctx(), alone, b, s * kShard, kShard);
         const auto at = all.logits.begin() + s * kShard * kClasses;
@@ -126,6 +130,7 @@ TEST_F(CudaSideStreams, CallsRunOnTheirOwnStreamsBetweenWhatCameBeforeAndAfter) 
       cudaMemcpyAsync(from.get(), want.data(), kWords * sizeof(float), cudaMemcpyHostToDevice, compute));
   std::vector<cudaStream_t> streams;
   std::vector<const void*> workspaces;
+  const int64_t before = ctx().side_calls();
   ctx().on_side_streams(kCalls, [&](int64_t i) {
     streams.push_back(ctx().compute());
     workspaces.push_back(ctx().workspace(256));
@@ -136,6 +141,7 @@ TEST_F(CudaSideStreams, CallsRunOnTheirOwnStreamsBetweenWhatCameBeforeAndAfter) 
                                    cudaMemcpyDeviceToDevice, ctx().compute()));
   });
   EXPECT_EQ(ctx().compute(), compute);
+  EXPECT_EQ(ctx().side_calls() - before, kCalls);
   ASSERT_EQ(streams.size(), size_t(kCalls));
   for (int i = 0; i < kCalls; ++i) {
     EXPECT_NE(streams[size_t(i)], compute) << "call " << i;

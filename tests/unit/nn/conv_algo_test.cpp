@@ -118,6 +118,18 @@ TEST(GraphEngines, WorkspaceCapAndDeterminism) {
   EXPECT_EQ(choose_conv_algo({a, graph_engine_candidate(EngineNotes{}, Precision::TF32, 0, 512)}).index, 1);
 }
 
+// cuDNN's fallback list is asked for only where the heuristics' first list
+// holds nothing the run may take: under --deterministic, a list of usable
+// but non-deterministic engines is not enough.
+TEST(GraphEngines, FallbackListWhereTheFirstHasNothingTheRunMayTake) {
+  const ConvAlgoCandidate atomic{true, false}, exact{true, true}, unusable{false, true};
+  EXPECT_TRUE(graph_engines_enough({unusable, atomic}, /*deterministic_only=*/false));
+  EXPECT_FALSE(graph_engines_enough({unusable, atomic}, /*deterministic_only=*/true));
+  EXPECT_TRUE(graph_engines_enough({atomic, exact}, /*deterministic_only=*/true));
+  EXPECT_FALSE(graph_engines_enough({unusable}, /*deterministic_only=*/false));
+  EXPECT_FALSE(graph_engines_enough({}, /*deterministic_only=*/false));
+}
+
 // The graph's tensors are the layers' own memory: packed NCHW, filters as
 // PyTorch keeps them, the same three in every direction.
 TEST(GraphEngines, TensorsArePackedNchwAsTheLayersKeepThem) {

@@ -139,6 +139,15 @@ inline ConvAlgoCandidate graph_engine_candidate(const EngineNotes& n, Precision 
   return {graph_notes_usable(n, p) && workspace <= workspace_cap, !n.nondeterministic};
 }
 
+// Whether the engines one heuristics mode offered hold one the run may take,
+// so that the next mode's list (the fallback's) need not be asked for: a
+// usable one, deterministic where only deterministic ones may run.
+inline bool graph_engines_enough(const std::vector<ConvAlgoCandidate>& offered, bool deterministic_only) {
+  for (const ConvAlgoCandidate& c : offered)
+    if (c.usable && (c.deterministic || !deterministic_only)) return true;
+  return false;
+}
+
 // A graph's tensor: sizes and strides in elements, outermost first (N, C,
 // H, W; filters K, C, R, S), as cuDNN's backend tensors take them.
 struct GraphTensor {
