@@ -217,6 +217,8 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   for (const auto* g : {p->graph_fwd.get(), p->graph_data.get(), p->graph_filter.get()})
     if (g) bytes = std::max(bytes, g->workspace());
   ctx.workspace(bytes);
+  if (p->graph_filter && p->graph_filter->beta() == 0.0f && !is_half(precision_) && layout_ == Layout::NCHW)
+    ctx.staging(size_t(weight_numel()) * sizeof(float));  // backward_filter_add's
   Plan& ref = *p;
   plans_[batch] = std::move(p);
   return ref;
@@ -356,19 +358,40 @@ void CudnnConv::graph_plans(cuda::Context& ctx, Plan& p, int batch) {
   spec.pad = pad_;
   spec.stride = stride_;
   spec.key = plan_key(ctx, batch);
-  auto make = [&](ConvDirection d, float beta) {
-    spec.beta = beta;
+  // Each direction with the first of its betas that an engine runs.
+  auto make = [&](ConvDirection d, std::initializer_list<float> betas) {
     std::string why;
-    std::unique_ptr<GraphConv> g = GraphConv::make(ctx, d, spec, kMaxWorkspace, &why);
-    if (!g)
-      ctx.warn_once(detail::concat("graph-fallback ", spec.key, " ", to_string(d)),
-                    detail::concat("op ", layer_, ": ", to_string(d), " convolution through cuDNN's graph API: ", why,
-                                   "; the legacy call runs it"));
+    std::unique_ptr<GraphConv> g;
+    for (const float beta : betas) {
+      spec.beta = beta;
+      g = GraphConv::make(ctx, d, spec, kMaxWorkspace, &why);
+      if (g) return g;
+    }
+    ctx.warn_once(detail::concat("graph-fallback ", spec.key, " ", to_string(d)),
+                  detail::concat("op ", layer_, ": ", to_string(d), " convolution through cuDNN's graph API: ", why,
+                                 "; the legacy call runs it"));
     return g;
   };
-  p.graph_fwd = make(ConvDirection::kForward, 0.0f);
-  p.graph_data = make(ConvDirection::kBackwardData, 0.0f);
-  p.graph_filter = make(ConvDirection::kBackwardFilter, is_half(precision_) || layout_ == Layout::NHWC ? 0.0f : 1.0f);
+  p.graph_fwd = make(ConvDirection::kForward, {0.0f});
+  p.graph_data = make(ConvDirection::kBackwardData, {0.0f});
+  // fp32 NCHW adds the weight gradient in place (beta 1) where an engine
+  // takes that, else writes it to staging (beta 0, as cuDNN's own frontend
+  // always does) and adds it: backward_filter_add.
+  p.graph_filter = make(ConvDirection::kBackwardFilter, is_half(precision_) || layout_ == Layout::NHWC
+                                                            ? std::initializer_list<float>{0.0f}
+                                                            : std::initializer_list<float>{1.0f, 0.0f});
+}
+
+void CudnnConv::backward_filter_add(cuda::Context& ctx, const Plan& p, const float* x, const float* dy, float* dw) {
+  const GraphConv* g = p.graph_filter.get();
+  if (g && g->beta() == 0.0f) {
+    void* tmp = staging_pieces(ctx, {size_t(weight_numel()) * sizeof(float)})[0];
+    if (graph_fits(ctx, g, {x, dy, tmp})) {
+      g->run(ctx, x, tmp, dy);
+      return add_rounded_cuda(dw, static_cast<const float*>(tmp), weight_numel(), precision_, ctx.compute());
+    }
+  }
+  run_backward_filter(ctx, p, x, dy, 1.0f, dw);
 }
 
 // Whether a graph may run on these operands (Note [graph engines]): the
@@ -443,7 +466,7 @@ void CudnnConv::backward(cuda::Context& ctx, int batch, const float* x, const fl
       bias_grad(ctx, batch, dy, db);
     else if (db)
       DDP_CUDNN_CHECK(cudnnConvolutionBackwardBias(ctx.dnn(), &one, p.y, dy, &one, bias_desc_, db));
-    if (dw) run_backward_filter(ctx, p, x, dy, 1.0f, dw);
+    if (dw) backward_filter_add(ctx, p, x, dy, dw);
     if (dx) run_backward_data(ctx, p, w, dy, dx);
   } catch (const Error& e) {
     DDP_FAIL("op ", layer_, ": backward: ", e.what());

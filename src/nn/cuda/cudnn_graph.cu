@@ -324,8 +324,10 @@ std::unique_ptr<GraphConv::Impl> choose_engine(cuda::Context& ctx, ConvDirection
   const bool deterministic = ctx.deterministic();
   int index = -1;
   if (ctx.benchmark()) {
-    // The timed choice by geometry and direction: a repeated layer is timed once.
-    std::vector<int>& cached = ctx.timed_algorithms()[detail::concat("graph ", to_string(d), ": ", spec.key)];
+    // The timed choice by geometry, direction and beta (each its own graph
+    // and engine list): a repeated layer is timed once.
+    std::vector<int>& cached =
+        ctx.timed_algorithms()[detail::concat("graph ", to_string(d), " beta ", spec.beta, ": ", spec.key)];
     if (cached.empty()) cached = {choose_timed_algo(time_engines(ctx, spec, es, workspace_cap), deterministic).index};
     index = cached[0];
   } else {

@@ -118,8 +118,12 @@ inline std::string conv_plan_key(Shape in, int out_c, int k, int stride, int pad
 //   (Note [conv algorithms]); --deterministic takes deterministic ones only.
 // Engines are then chosen as algorithms are: the first usable deterministic
 // one in the heuristics' order, or with --cudnn-benchmark the timed choice
-// (choose_timed_algo). A direction no engine may run falls back, said once,
-// to the legacy algorithm.
+// (choose_timed_algo). The fallback list is asked for only where mode A
+// offered nothing the run may take (graph_engines_enough). The weight
+// gradient in fp32 NCHW is added in place (beta 1) where an engine takes
+// that, else written with beta 0 (as cuDNN's frontend always does) and
+// added. A direction no engine may run falls back, said once, to the legacy
+// algorithm.
 struct EngineNotes {
   bool tensor_core = false;          // CUDNN_NUMERICAL_NOTE_TENSOR_CORE
   bool down_convert = false;         // CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS

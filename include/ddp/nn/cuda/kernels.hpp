@@ -185,6 +185,9 @@ class CudnnConv {
   void run_forward(cuda::Context& ctx, const Plan& p, const void* x, const void* w, void* y);
   void run_backward_filter(cuda::Context& ctx, const Plan& p, const void* x, const void* dy, float beta, void* dw);
   void run_backward_data(cuda::Context& ctx, const Plan& p, const void* w, const void* dy, void* dx);
+  // fp32 NCHW: dw += d(conv)/dw, in place, or through staging where the
+  // plan's graph writes with beta 0 (graph_plans).
+  void backward_filter_add(cuda::Context& ctx, const Plan& p, const float* x, const float* dy, float* dw);
   void forward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, float* y);
   void backward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy, float* dw,
                      float* db, float* dx);
