@@ -38,7 +38,8 @@
 #       whole lent session, as its machine goes back 30 s after a call:
 #       the stages GPU_ALL_STAGES (default `run nccl profile bench`; bench
 #       without its profile) one after another within GPU_ALL_S seconds
-#       (default 560), each bounded by what is left. After each stage OUT
+#       (default 560), each step bounded by what is left (its exit status
+#       1 where a stage failed or was not reached). After each stage OUT
 #       holds all.txt (a line a stage), the stages' summaries
 #       (run-summary.txt, profile-summary.txt, bench.txt, ...) and logs.tgz
 #       (every log, no traces): what a call stopped at its limit returns.
@@ -95,8 +96,18 @@ run | learn | bench | nccl | profile)
     exit 3
   fi
   # No step may hold the call past its limit: each check and benchmark run
-  # has its own (seconds).
+  # has its own (seconds), and none runs past GPU_CHECK_DEADLINE (seconds
+  # since the epoch, where set: `all`'s stage).
   step=${GPU_CHECK_STEP_S:-300}
+  # The next step's limit; fails where under 10 s are left.
+  limit() {
+    local s=$step
+    if [[ -n ${GPU_CHECK_DEADLINE:-} ]]; then
+      local left=$((GPU_CHECK_DEADLINE - $(date +%s)))
+      ((left < s)) && s=$left
+    fi
+    ((s >= 10)) && echo "$s"
+  }
   if [[ $mode == bench ]]; then
     # Within a device call's 10 minutes: ResNet-18 over fewer epochs.
     # GPU_BENCH: model:precision:reps:epochs[:our flags, comma-separated],
@@ -105,7 +116,11 @@ run | learn | bench | nccl | profile)
     for spec in ${GPU_BENCH:-resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:fp32:1:3:--gpu-kernels,next,--channels-last resnet18:fp32:1:3 lenet:fp32:3:5 lenet:bf16:3:5 lenet:fp16:3:5:--gpu-kernels,next resnet18:fp16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last}; do
       IFS=: read -r model p reps epochs flag <<<"$spec"
       flag=${flag//,/ }
-      DDP_BENCH_IMAGES=${DDP_BENCH_IMAGES:-20480} DDP_TRAIN=$dir/bin/ddp_train timeout -k 10 "$step" \
+      if ! bound=$(limit); then
+        echo "bench $model $p ${flag:-}: not run, the call's time is spent" >>"$out/bench.txt"
+        continue
+      fi
+      DDP_BENCH_IMAGES=${DDP_BENCH_IMAGES:-20480} DDP_TRAIN=$dir/bin/ddp_train timeout -k 10 "$bound" \
         "$root/bench/compare_pytorch_gpu.sh" --model "$model" --precision "$p" --ours "${flag:-}" "$reps" "$epochs" >>"$out/bench.txt" 2>&1 \
         || echo "bench $model $p ${flag:-} failed ($?)" >>"$out/bench.txt"
     done
@@ -117,8 +132,12 @@ run | learn | bench | nccl | profile)
     IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision bf16 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next;--precision fp32;--deterministic --sync-bn;--deterministic --sync-bn --gpu-kernels next}"
     for i in "${!sets[@]}"; do
       echo "=== ResNet-18, batch 256, ${sets[i]}" >>"$out/profile.txt"
+      if ! bound=$(limit); then
+        echo "profile ${sets[i]}: not run, the call's time is spent" >>"$out/profile.txt"
+        continue
+      fi
       # shellcheck disable=SC2086
-      timeout -k 10 "$step" "$dir/bin/ddp_train" --device cuda --backend nccl --model resnet18 --synthetic 5120 \
+      timeout -k 10 "$bound" "$dir/bin/ddp_train" --device cuda --backend nccl --model resnet18 --synthetic 5120 \
         --epochs 1 --batch-size 256 --lr 0.1 --quiet --trace "$out/p$i.json" --trace-steps 10:14 ${sets[i]} \
         >>"$out/profile.txt" 2>&1 && python3 "$root/bench/gpu_kernels.py" "$out/p$i.rank0.json" --top 40 >>"$out/profile.txt" 2>&1 \
         || echo "profile ${sets[i]} failed ($?)" >>"$out/profile.txt"
@@ -135,16 +154,21 @@ run | learn | bench | nccl | profile)
   : >"$out/tests.log"
   : >"$out/summary.txt"
   check() {
-    local name=$1 rc=0 log verdict=passed
+    local name=$1 rc=0 log verdict=passed bound
     shift
+    if ! bound=$(limit); then
+      echo "$name: not run, the call's time is spent" | tee -a "$out/summary.txt"
+      status=1
+      return
+    fi
     log=$(mktemp)
-    timeout -k 10 "$step" "$@" --gtest_color=no >"$log" 2>&1 || rc=$?
+    timeout -k 10 "$bound" "$@" --gtest_color=no >"$log" 2>&1 || rc=$?
     { echo "=== $name: $*"; cat "$log"; } >>"$out/tests.log"
     # 77: every test skipped on every rank (mpi_gtest_main.cpp's verdict).
     if ((rc == 77)); then
       verdict=skipped
     elif ((rc == 124 || rc == 137)); then
-      verdict="TIMED OUT after ${step} s"
+      verdict="TIMED OUT after ${bound} s"
       status=1
     elif ((rc != 0)); then
       verdict="FAILED (exit $rc)"
@@ -188,24 +212,30 @@ all)
   work=$(mktemp -d)
   mkdir -p "$out"
   : >"$out/all.txt"
-  deadline=$((SECONDS + ${GPU_ALL_S:-560}))
+  deadline=$(($(date +%s) + ${GPU_ALL_S:-560}))
+  failed=0
   for stage in ${GPU_ALL_STAGES:-run nccl profile bench}; do
-    left=$((deadline - SECONDS))
+    left=$((deadline - $(date +%s)))
     if ((left < 30)); then
       echo "$stage: not run, ${left} s left" | tee -a "$out/all.txt"
+      failed=1
       continue
     fi
     began=$SECONDS rc=0
-    GPU_CHECK_STEP_S=$((left < ${GPU_CHECK_STEP_S:-300} ? left : ${GPU_CHECK_STEP_S:-300})) GPU_BENCH_PROFILE=0 \
-      timeout -k 10 $((left + 15)) "$0" "$stage" "$dir" "$work/$stage" >"$work/$stage.txt" 2>&1 || rc=$?
+    # Each step of the stage ends by the deadline (limit); the stage's own
+    # timeout is only the backstop.
+    GPU_CHECK_DEADLINE=$deadline GPU_BENCH_PROFILE=0 \
+      timeout -k 10 $((left + 30)) "$0" "$stage" "$dir" "$work/$stage" >"$work/$stage.txt" 2>&1 || rc=$?
+    ((rc == 0)) || failed=1
     echo "$stage: exit $rc after $((SECONDS - began)) s" | tee -a "$out/all.txt"
     [[ -f $work/$stage/summary.txt ]] && cp "$work/$stage/summary.txt" "$out/$stage-summary.txt"
     for f in profile-summary.txt bench.txt; do
       [[ -f $work/$stage/$f ]] && cp "$work/$stage/$f" "$out/$f"
     done
-    tar czf "$out/logs.tgz" --exclude='*.json' -C "$work" .
+    tar czf "$out/logs.tgz" --exclude='*.json' -C "$work" . || echo "logs.tgz: tar exit $?" >>"$out/all.txt"
   done
   cat "$out"/*summary.txt "$out"/bench.txt 2>/dev/null || true
+  exit "$failed"
   ;;
 *)
   echo "gpu-check.sh: prepare, run, learn, bench, nccl, profile or all, not '$mode'" >&2

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ddp::cuda {
@@ -54,7 +55,11 @@ struct GpuTracer::Cupti {
 
   // CUPTI stays loaded: once enabled it is attached to the CUDA driver,
   // which may still call into it until the process ends.
-  ~Cupti() { stop(); }
+  ~Cupti() {
+    stop();
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (active == this) active = nullptr;
+  }
   void stop() {
     if (!enabled) return;
     enabled = false;
@@ -212,7 +217,7 @@ std::unique_ptr<GpuTracer> GpuTracer::start(std::string* why) {
 GpuTracer::Recorded GpuTracer::stop() {
   cupti_->stop();
   std::lock_guard<std::mutex> lock(g_mutex);
-  return std::move(cupti_->recorded);
+  return std::exchange(cupti_->recorded, Recorded{});
 }
 
 }  // namespace ddp::cuda

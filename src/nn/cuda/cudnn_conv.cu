@@ -218,7 +218,7 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
     if (g) bytes = std::max(bytes, g->workspace());
   ctx.workspace(bytes);
   if (p->graph_filter && p->graph_filter->beta() == 0.0f && !is_half(precision_) && layout_ == Layout::NCHW)
-    ctx.staging(size_t(weight_numel()) * sizeof(float));  // backward_filter_add's
+    ctx.staging(staging_bytes({size_t(weight_numel()) * sizeof(float)}));  // backward_filter_add's
   Plan& ref = *p;
   plans_[batch] = std::move(p);
   return ref;
