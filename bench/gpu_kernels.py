@@ -2,14 +2,50 @@
 """Where a GPU rank's time goes, from `ddp_train --trace FILE` on a GPU: the
 device's spans (GPU tracks: kernels, copies, memsets) summed by name, the
 largest first, with each one's share of the device's busy time and its
-milliseconds per step of the trace's window.
+milliseconds per step of the trace's window; then the same by kind of work
+(cuDNN and cuBLAS, our BatchNorm, 16-bit and layout conversions, NCCL, ...);
+and how much of the steps' wall time the device was busy at all (any
+stream): what is left is the device waiting for launches or for the host.
 
 Usage: bench/gpu_kernels.py TRACE.rankR.json [--top N]
 """
 import argparse
 import collections
 import json
+import re
 import sys
+
+# The kind of work a span is, by its name: the first pattern that matches.
+KINDS = [
+    ("NCCL", r"nccl"),
+    ("BatchNorm (ours)", r"\bbn_|batch_?norm"),
+    ("16-bit and layout conversions", r"half|krsc|planes_from"),
+    ("sums for --deterministic", r"quantize|exact|shard|differ_kernel"),
+    ("optimizer", r"sgd|adam|momentum|norm_|clip|finite|unscale"),
+    ("loss", r"entropy|softmax|count_correct|loss"),
+    ("elementwise and sums (ours)", r"relu|add_|pool|bias|channel_sums|sums_kernel|runs_kernel|fill|scale|round|flatten"),
+    ("cuDNN and cuBLAS", r"."),
+]
+
+
+def kind_of(span_kind, name):
+    if span_kind != "kernel":
+        return span_kind  # memcpy, memset
+    for kind, pattern in KINDS:
+        if re.search(pattern, name, re.IGNORECASE):
+            return kind
+    return "other"
+
+
+def union_us(intervals):
+    """The time covered by (start, end) intervals, overlaps counted once."""
+    covered, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        covered += e - max(s, end)
+        end = e
+    return covered
 
 
 def main():
@@ -19,9 +55,10 @@ def main():
     a = p.parse_args()
     with open(a.trace) as f:
         events = json.load(f)["traceEvents"]
-    steps = sum(1 for e in events if e.get("cat") == "step")
+    steps = [e for e in events if e.get("cat") == "step"]
     total = collections.Counter()
     calls = collections.Counter()
+    spans = []
     for e in events:
         cat = e.get("cat", "")
         if not cat.startswith("gpu "):
@@ -29,14 +66,33 @@ def main():
         key = (cat[4:], e["name"])
         total[key] += e["dur"]
         calls[key] += 1
+        spans.append((e["ts"], e["ts"] + e["dur"]))
     busy = sum(total.values())
     if not busy:
         sys.exit(f"gpu_kernels: {a.trace} has no GPU spans (was it a GPU run with --trace?)")
-    per = max(steps, 1)
-    print(f"{a.trace}: {steps} steps, GPU busy {busy / 1000 / per:.2f} ms a step (streams summed)")
+    per = max(len(steps), 1)
+    launches = sum(n for (kind, _), n in calls.items() if kind == "kernel")
+    print(f"{a.trace}: {len(steps)} steps, GPU busy {busy / 1000 / per:.2f} ms a step (streams summed), "
+          f"{launches / per:.0f} kernels a step")
+    if steps:
+        wall = sum(e["dur"] for e in steps)
+        windows = [(e["ts"], e["ts"] + e["dur"]) for e in steps]
+        inside = [(max(s, ws), min(t, we)) for s, t in spans for ws, we in windows if s < we and t > ws]
+        covered = union_us(inside)
+        print(f"the steps' wall time {wall / 1000 / per:.2f} ms a step, the device busy (any stream) "
+              f"{100 * covered / wall:.1f}% of it, idle {(wall - covered) / 1000 / per:.2f} ms a step")
     print(f"{'share':>6} {'ms/step':>8} {'calls/step':>10}  kind    name")
     for (kind, name), us in total.most_common(a.top):
         print(f"{100 * us / busy:5.1f}% {us / 1000 / per:8.3f} {calls[(kind, name)] / per:10.1f}  {kind:7} {name}")
+    by_kind = collections.Counter()
+    kind_calls = collections.Counter()
+    for (kind, name), us in total.items():
+        k = kind_of(kind, name)
+        by_kind[k] += us
+        kind_calls[k] += calls[(kind, name)]
+    print(f"\n{'share':>6} {'ms/step':>8} {'calls/step':>10}  kind of work")
+    for k, us in by_kind.most_common():
+        print(f"{100 * us / busy:5.1f}% {us / 1000 / per:8.3f} {kind_calls[k] / per:10.1f}  {k}")
 
 
 if __name__ == "__main__":
