@@ -11,6 +11,7 @@
 
 #include "ddp/core/error.hpp"
 #include "ddp/nn/graph.hpp"  // known_models, model_graph, has_batch_norm
+#include "ddp/runtime/gpu_kernels.hpp"
 
 namespace ddp::cli {
 
@@ -100,8 +101,11 @@ void validate(const train::Config& c, int world_size) {
   range("growth-interval", c.growth_interval, int64_t(1), int64_t(1) << 40, " steps");
   usage(c.grad_compression == "none" || c.grad_compression == "fp16" || c.grad_compression == "bf16",
         "--grad-compression must be none, fp16 or bf16, got '", c.grad_compression, "'");
-  usage(c.gpu_kernels == "proven" || c.gpu_kernels == "next", "--gpu-kernels must be proven or next, got '",
-        c.gpu_kernels, "'");
+  try {
+    GpuKernels::parse(c.gpu_kernels);
+  } catch (const Error& e) {
+    usage(false, e.what());
+  }
   usage(std::isfinite(c.clip_grad_norm) && c.clip_grad_norm >= 0,
         "--clip-grad-norm must be a positive number (0: no clipping), got ", c.clip_grad_norm);
   usage(c.bucket_cap_mb > 0 && c.bucket_cap_mb <= kMaxBucketCapMb, "--bucket-cap-mb ", c.bucket_cap_mb,
@@ -230,7 +234,7 @@ Parsed parse_options(int argc, char** argv, int world_size) {
                         "(a deterministic one within 5% of it), as torch.backends.cudnn.benchmark",
          cxxopts::value(c.cudnn_benchmark))
     ("gpu-kernels", "GPUs: proven (the kernels a GPU has run through the tests) or next (also those written "
-                    "since: BatchNorm's sums over many blocks a channel; docs/gpus.md)",
+                    "since; next,-NAME,... leaves the named ones out; docs/gpus.md)",
          cxxopts::value(c.gpu_kernels)->default_value(c.gpu_kernels))
     ("channels-last", "GPUs: activations and their gradients NHWC, as torch.channels_last, where the model "
                       "allows it (ResNet-18; LeNet stays NCHW); not yet run on a GPU (docs/gpus.md)",

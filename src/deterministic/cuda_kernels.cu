@@ -127,7 +127,7 @@ class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
     if (shard_ == 0) return CudaBatchNorm::channel_sums(a, width, sum, after, what);
     const int n = shards_of(a.batch, shard_, op_.name);
     double* per = shard_sums(n, width);
-    const bool together = split() && ctx_.next_kernels();
+    const bool together = split() && ctx_.next(NextKernel::ShardSums);
     if (together) sum(0, shard_, n, per);
     if (after && together && together_) {
       // Note [shard gradients together]: every micro-shard's gradients at
@@ -159,7 +159,7 @@ class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
   // synchronised; with --gpu-kernels next one rank's are every rank's,
   // added on the device in sum_in_shard_order's order: the same doubles).
   void reduce_shards(int shards, size_t width, const std::string& what) {
-    if (!shard_stats_ || (ctx_.next_kernels() && stats_->ranks() == 1)) {
+    if (!shard_stats_ || (ctx_.next(NextKernel::OneRank) && stats_->ranks() == 1)) {
       bn_sum_shards_kernel<<<nn::cuda_grid(int64_t(width)), nn::kCudaThreads, 0, ctx_.compute()>>>(
           shards, int(width), per_shard_, sums_);
       DDP_CUDA_CHECK_LAUNCH(bn_sum_shards_kernel);
@@ -187,14 +187,17 @@ class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
 class CudaShardDevice final : public nn::CudaDevice, public ShardsTogether, public ShardStreams {
  public:
   using CudaDevice::CudaDevice;
-  bool shard_gradients_together() const override { return ctx_.next_kernels(); }
+  bool shard_gradients_together() const override { return ctx_.next(NextKernel::ShardsTogether); }
   // Note [shard streams] (asked for only where shard_gradients_together).
-  void on_streams(int64_t n, const std::function<void(int64_t)>& body) override { ctx_.on_side_streams(n, body); }
+  void on_streams(int64_t n, const std::function<void(int64_t)>& body) override {
+    if (ctx_.next(NextKernel::ShardStreams)) return ctx_.on_side_streams(n, body);
+    for (int64_t i = 0; i < n; ++i) body(i);
+  }
   std::unique_ptr<nn::Kernel> kernel(const nn::Graph& g, size_t i, nn::StatsReducer* stats) override {
     const Op& op = g.ops[i];
     if (op.kind == nn::OpKind::ConvReluPool) return std::make_unique<LaneConvReluPoolCuda>(op, ctx_);
     if (op.kind == nn::OpKind::BatchNorm2d) return std::make_unique<ShardBatchNormCuda>(op, ctx_, stats, layout(g));
-    if (ctx_.next_kernels() && checkable_in_runs(op.kind)) {
+    if (ctx_.next(NextKernel::CheckedRuns) && checkable_in_runs(op.kind)) {
       CheckedRuns::Env env;
       env.device = this;
       env.same_bits = [this](const float* a, const float* b, size_t n) { return same_bits_cuda(ctx_, a, b, n); };

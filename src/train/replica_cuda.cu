@@ -99,7 +99,7 @@ class CudaBackend final : public Backend, public ExactBackend {
     const std::string backend = check_gpus_distinct(*host_comm, world, info_, cfg.backend);
     ctx_ = std::make_unique<cuda::Context>(gpu);
     ctx_->set_benchmark(cfg.cudnn_benchmark);
-    ctx_->set_next_kernels(cfg.gpu_kernels == "next");
+    ctx_->set_gpu_kernels(GpuKernels::parse(cfg.gpu_kernels));
     ctx_->set_channels_last(cfg.channels_last);
     if (backend == "nccl") {
       comm_ = comm::make_nccl_communicator(world, *ctx_, std::chrono::milliseconds(
@@ -274,7 +274,7 @@ class CudaBackend final : public Backend, public ExactBackend {
   // With --gpu-kernels next the check runs on the device and the host
   // reads its flag; else the host reads the values.
   bool all_finite(const float* p, size_t n) override {
-    if (!ctx_->next_kernels()) {
+    if (!ctx_->next(NextKernel::LossScaleOnDevice)) {
       std::vector<float> h(n);
       sync("reading values to check");
       device_->to_host(h.data(), p, n);
@@ -291,7 +291,7 @@ class CudaBackend final : public Backend, public ExactBackend {
 
   // Note [loss scale on the device]: with --gpu-kernels next until a GPU has
   // run it.
-  bool loss_scale_on_device() const override { return ctx_->next_kernels(); }
+  bool loss_scale_on_device() const override { return ctx_->next(NextKernel::LossScaleOnDevice); }
   void flag_to_host(const unsigned* flag) override {
     DDP_CUDA_CHECK(cudaMemcpyAsync(flag_host_, flag, sizeof(unsigned), cudaMemcpyDeviceToHost, ctx_->compute()));
     DDP_CUDA_CHECK(cudaEventRecord(flag_copied_, ctx_->compute()));

@@ -11,6 +11,7 @@
 #include "ddp/nn/graph.hpp"             // has_batch_norm
 #include "ddp/nn/layout.hpp"            // plan_layout: Note [channels last]
 #include "ddp/optim/optimizer.hpp"      // describe: the optimizer's line
+#include "ddp/runtime/gpu_kernels.hpp"  // GpuKernels: Note [next kernels]
 
 namespace ddp::train {
 
@@ -24,6 +25,12 @@ struct RankInfo {
   int32_t local_rank, local_size, threads;
   int64_t shard, steps;
 };
+
+// The kernels of Note [next kernels] a GPU run takes, for its start-up line.
+std::string next_kernels_line(const GpuKernels& k) {
+  if (!k.any()) return "";
+  return "; --gpu-kernels " + k.describe() + ": also kernels not yet proven on a GPU (docs/gpus.md)";
+}
 
 // The BLAS kernels the CPU ranks run (Note [BLAS kernels]): one line when
 // every rank runs the same, else one per rank.
@@ -80,11 +87,7 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
         << (cfg.cudnn_benchmark ? "timed once per geometry (--cudnn-benchmark), the fastest, or a deterministic one "
                                   "within 5% of it"
                                 : "cuDNN's heuristics' first deterministic one")
-        << (cfg.gpu_kernels == "next" ? "; --gpu-kernels next: BatchNorm's sums over many blocks a channel (its layer "
-                                        "test has passed on a GPU); convolutions through cuDNN's graph API, "
-                                        "their bias gradients summed as BatchNorm's, BatchNorm with the ReLU or "
-                                        "residual add after it as one kernel (not yet run on a GPU)"
-                                      : "");
+        << next_kernels_line(GpuKernels::parse(cfg.gpu_kernels));
   if (cfg.channels_last) {
     const nn::LayoutPlan plan = nn::plan_layout(graph, true);
     out << "\nddp_train: --channels-last: "

@@ -81,16 +81,23 @@ TEST(Devices, NcclOnTheCpuIsAUsageError) {
   EXPECT_EQ(r.err.find("(rank 1)"), std::string::npos) << r.err;
 }
 
-// --gpu-kernels: proven or next, refused otherwise; a CPU rank runs its own
-// kernels either way, bit for bit.
+// --gpu-kernels: proven, next, or next without some of its kernels, refused
+// otherwise (naming the kernels next has); a CPU rank runs its own kernels
+// either way, bit for bit.
 TEST(Devices, GpuKernelsIsProvenOrNextAndLeavesTheCpuAlone) {
-  expect_failure(run_ddp_train(2, kSmall + " --gpu-kernels fast"), "--gpu-kernels must be proven or next, got 'fast'");
+  expect_failure(run_ddp_train(2, kSmall + " --gpu-kernels fast"),
+                 "--gpu-kernels must be proven, next, or next,-NAME,... to leave kernels of next out (docs/gpus.md), "
+                 "got 'fast'");
+  expect_failure(run_ddp_train(2, kSmall + " --gpu-kernels next,-fast"),
+                 "--gpu-kernels next,-fast: '-fast' is not -NAME of a kernel of next (bn-split-sums, graph-conv, ");
   const std::string dir = make_temp_dir();
-  for (const std::string k : {"proven", "next"}) {
+  for (const std::string k : {"proven", "next", "next,-graph-conv,-bn-act"}) {
     auto r = run_ddp_train(1, kSmall + " --gpu-kernels " + k + " --output-model " + dir + "/" + k);
     ASSERT_EQ(r.status, 0) << r.err;
   }
   expect_bitwise_equal(checkpoint::read_safetensors(dir + "/proven"), checkpoint::read_safetensors(dir + "/next"));
+  expect_bitwise_equal(checkpoint::read_safetensors(dir + "/proven"),
+                       checkpoint::read_safetensors(dir + "/next,-graph-conv,-bn-act"));
   remove_tree(dir);
 }
 

@@ -38,6 +38,8 @@
 #include <thread>
 #include <vector>
 
+#include "ddp/runtime/gpu_kernels.hpp"  // GpuKernels, NextKernel
+
 namespace ddp::cuda {
 
 // Visible CUDA devices; 0 when there is none or no driver (any error counts
@@ -115,10 +117,13 @@ class Context {
   // --cudnn-benchmark (Note [measured algorithms], nn/cuda/conv_algo.hpp):
   // convolution algorithms chosen by timing them, and the choices made so
   // far, by geometry (each convolution's three algorithms and math types).
-  // --gpu-kernels next: kernels written since a GPU last ran the tests run
-  // instead of the ones that have (docs/gpus.md, "Kernels not yet run").
-  void set_next_kernels(bool on) { next_kernels_ = on; }
-  bool next_kernels() const { return next_kernels_; }
+  // --gpu-kernels: which kernels written since a GPU last ran the tests run
+  // instead of the ones that have (Note [next kernels], runtime/gpu_kernels.hpp;
+  // docs/gpus.md, "Kernels not yet run"); set_next_kernels: all or none.
+  void set_gpu_kernels(GpuKernels k) { kernels_ = k; }
+  void set_next_kernels(bool on) { kernels_ = on ? GpuKernels::next() : GpuKernels::proven(); }
+  bool next(NextKernel k) const { return kernels_.on(k); }
+  const GpuKernels& gpu_kernels() const { return kernels_; }
   // --channels-last: graphs that allow it run NHWC on this device (Note
   // [channels last], nn/layout.hpp).
   void set_channels_last(bool on) { channels_last_ = on; }
@@ -157,7 +162,7 @@ class Context {
   std::set<std::string> warned_;
   bool deterministic_ = false;
   bool benchmark_ = false;
-  bool next_kernels_ = false;
+  GpuKernels kernels_;
   bool channels_last_ = false;
   std::map<std::string, std::vector<int>> timed_;
 };

@@ -42,7 +42,8 @@ struct Config {
   // algorithms], nn/cuda/conv_algo.hpp), not by cuDNN's heuristics.
   bool cudnn_benchmark = false;
   // GPUs: "proven", the kernels a GPU has run through the tests, or "next",
-  // also those written since (docs/gpus.md, "Kernels not yet run").
+  // also those written since, or "next,-NAME,..." without some of them
+  // (Note [next kernels], runtime/gpu_kernels.hpp).
   std::string gpu_kernels = "proven";
   // GPUs: activations NHWC where the model allows it (Note [channels last],
   // nn/layout.hpp).

@@ -334,7 +334,7 @@ CudaBatchNorm::CudaBatchNorm(const Op& op, cuda::Context& ctx, StatsReducer* sta
       c_(op.in.c),
       hw_(op.in.h * op.in.w),
       layout_(layout),
-      split_(ctx.next_kernels() || layout == Layout::NHWC),
+      split_(ctx.next(NextKernel::BnSplitSums) || layout == Layout::NHWC),
       host_(size_t(2 * op.in.c)) {
   chan_ = static_cast<float*>(ctx_.alloc(sizeof(float) * 7 * size_t(c_)));
   sums_ = static_cast<double*>(ctx_.alloc(sizeof(double) * 2 * size_t(c_)));
@@ -450,7 +450,7 @@ void channel_sums_nhwc_half_cuda(cuda::Context& ctx, const uint16_t* x, Precisio
 
 void CudaBatchNorm::reduce(size_t n, const std::string& what) {
   if (!stats_) return;
-  if (ctx_.next_kernels()) {
+  if (ctx_.next(NextKernel::SyncBnOnDevice)) {
     // One rank's sums are already every rank's (SyncBatchNorm at world size
     // 1); over several the device communicator sums them on the device.
     if (stats_->ranks() > 1) stats_->sum_on_device(sums_, n, op_.name + ": " + what);

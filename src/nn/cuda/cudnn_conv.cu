@@ -194,7 +194,7 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   DDP_CHECK(n == batch && c == out_.c && h == out_.h && w == out_.w, "cuDNN's conv output ", c, "x", h, "x", w,
             " is not the layer's ", to_string(out_));
 
-  if (ctx.next_kernels()) graph_plans(ctx, *p, batch);
+  if (ctx.next(NextKernel::GraphConv)) graph_plans(ctx, *p, batch);
   try {
     legacy_plan(ctx, *p, batch);
   } catch (const Error& e) {
@@ -462,7 +462,7 @@ void CudnnConv::backward(cuda::Context& ctx, int batch, const float* x, const fl
     const Plan& p = plan(ctx, batch);
     // beta = 1 adds into the gradients (Note [gradient accumulation]).
     const float one = 1.0f;
-    if (db && ctx.next_kernels())
+    if (db && ctx.next(NextKernel::ConvBiasSums))
       bias_grad(ctx, batch, dy, db);
     else if (db)
       DDP_CUDNN_CHECK(cudnnConvolutionBackwardBias(ctx.dnn(), &one, p.y, dy, &one, bias_desc_, db));

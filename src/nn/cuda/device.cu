@@ -56,7 +56,7 @@ std::unique_ptr<Kernel> CudaDevice::kernel(const Graph& g, size_t i, StatsReduce
     case OpKind::Conv2d: return std::make_unique<CudaConv>(op, ctx_, l);
     case OpKind::ConvReluPool: return std::make_unique<CudaConvReluPool>(op, ctx_);
     case OpKind::BatchNorm2d:
-      if (options_.claim_runs && ctx_.next_kernels() && bn_act_run(g, i))
+      if (options_.claim_runs && ctx_.next(NextKernel::BnAct) && bn_act_run(g, i))
         return std::make_unique<CudaBatchNormAct>(g, i, ctx_, stats, l);
       return std::make_unique<CudaBatchNorm>(op, ctx_, stats, l);
     case OpKind::ReLU: return std::make_unique<CudaRelu>(op, ctx_);

@@ -141,7 +141,7 @@ class CudnnConv {
   // Whether backward sums the bias with bias_grad (else cuDNN's bias pass, or
   // 16-bit NCHW's own kernel).
   bool bias_by_sums(const cuda::Context& ctx) const {
-    return is_half(precision_) ? layout_ == Layout::NHWC : ctx.next_kernels() || layout_ == Layout::NHWC;
+    return is_half(precision_) ? layout_ == Layout::NHWC : ctx.next(NextKernel::ConvBiasSums) || layout_ == Layout::NHWC;
   }
   struct Plan;
   Plan& plan(cuda::Context& ctx, int batch);
