@@ -33,7 +33,10 @@
 #       step goes, from --trace's GPU tracks (bench/gpu_kernels.py), for each
 #       of GPU_PROFILE's flag sets (';'-separated), into OUT/profile.txt,
 #       and each set's median step against plain fp32 into
-#       OUT/profile-summary.txt; seconds, not Nsight's minutes.
+#       OUT/profile-summary.txt; seconds, not Nsight's minutes. The first
+#       set of --gpu-kernels next that fails is narrowed down to the piece
+#       of next without which it passes (GPU_BISECT=0: not), and later sets
+#       of next leave that piece out (Note [next kernels]).
 #   scripts/gpu-check.sh all [DIR] [OUT] there: one device call for a
 #       whole lent session, as its machine goes back 30 s after a call:
 #       the stages GPU_ALL_STAGES (default `run nccl profile bench`; bench
@@ -43,7 +46,9 @@
 #       holds all.txt (a line a stage), the stages' summaries
 #       (run-summary.txt, profile-summary.txt, bench.txt, ...) and logs.tgz
 #       (every log, no traces): what a call stopped at its limit returns.
-#       GPU_NCCL_FILTER (a gtest filter) runs a part of `nccl`.
+#       GPU_NCCL_FILTER (a gtest filter) runs a part of `nccl`. A piece of
+#       next that the profile found failing is left out of the benchmark's
+#       runs of next after it (GPU_NEXT_CUT).
 #
 # The test binaries carry the absolute paths they were built with (the
 # ddp_train they start, the data, mpiexec); `run` makes those paths lead to
@@ -116,6 +121,8 @@ run | learn | bench | nccl | profile)
     for spec in ${GPU_BENCH:-resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:fp32:1:3:--gpu-kernels,next,--channels-last resnet18:fp32:1:3 lenet:fp32:3:5 lenet:bf16:3:5 lenet:fp16:3:5:--gpu-kernels,next resnet18:fp16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last}; do
       IFS=: read -r model p reps epochs flag <<<"$spec"
       flag=${flag//,/ }
+      # GPU_NEXT_CUT: a piece of next that failed (`all`'s profile stage).
+      flag=${flag/--gpu-kernels next/--gpu-kernels next${GPU_NEXT_CUT:-}}
       if ! bound=$(limit); then
         echo "bench $model $p ${flag:-}: not run, the call's time is spent" >>"$out/bench.txt"
         continue
@@ -130,17 +137,72 @@ run | learn | bench | nccl | profile)
   # which profiles in a stage of its own).
   if [[ $mode == profile || ($mode == bench && ${GPU_BENCH_PROFILE:-1} == 1) ]]; then
     IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision bf16 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next;--precision fp32;--deterministic --sync-bn;--deterministic --sync-bn --gpu-kernels next}"
+    # ResNet-18 with flags $1 (images $2), its output to $3.
+    resnet() {
+      local bound
+      bound=$(limit) || { echo "not run, the call's time is spent" >>"$3"; return 125; }
+      # shellcheck disable=SC2086
+      timeout -k 10 "$bound" "$dir/bin/ddp_train" --device cuda --backend nccl --model resnet18 --synthetic "$2" \
+        --epochs 1 --batch-size 256 --lr 0.1 --quiet $1 >>"$3" 2>&1
+    }
+    # Note [next kernels]: the first set of --gpu-kernels next that fails
+    # is run again without halves of next's pieces (short runs) until one
+    # piece is left whose absence alone lets it pass; later sets of next then
+    # leave that piece out too (cut), and say so in their headers.
+    cut=""
+    bisect() {
+      local flags=$1 scratch pieces half n
+      scratch=$(mktemp)
+      "$dir/bin/ddp_train" --gpu-kernels "next,-?" >"$scratch" 2>&1 || true
+      read -r -a pieces <<<"$(sed -n 's/.*a kernel of next (\([^)]*\)).*/\1/p' "$scratch" | tr -d ' ' | tr ',' ' ')"
+      if ((${#pieces[@]} == 0)); then
+        echo "bisect: the pieces of next are not known ($(tail -1 "$scratch"))" >>"$out/profile.txt"
+        return 1
+      fi
+      while ((${#pieces[@]} > 1)); do
+        n=$((${#pieces[@]} / 2))
+        half=$(printf ',-%s' "${pieces[@]:0:n}")
+        : >"$scratch"
+        if resnet "${flags/--gpu-kernels next/--gpu-kernels next$half}" 1024 "$scratch"; then
+          echo "bisect: passes without ${pieces[*]:0:n}" >>"$out/profile.txt"
+          pieces=("${pieces[@]:0:n}")
+        else
+          echo "bisect: fails without ${pieces[*]:0:n} ($(tail -1 "$scratch"))" >>"$out/profile.txt"
+          pieces=("${pieces[@]:n}")
+        fi
+      done
+      : >"$scratch"
+      if resnet "${flags/--gpu-kernels next/--gpu-kernels next,-${pieces[0]}}" 1024 "$scratch"; then
+        echo "bisect: ${flags} fails with next and passes without ${pieces[0]}" >>"$out/profile.txt"
+        cut=",-${pieces[0]}"
+      else
+        echo "bisect: no one piece of next makes ${flags} fail ($(tail -1 "$scratch"))" >>"$out/profile.txt"
+      fi
+      rm -f "$scratch"
+    }
+    bisected=0
     for i in "${!sets[@]}"; do
-      echo "=== ResNet-18, batch 256, ${sets[i]}" >>"$out/profile.txt"
-      if ! bound=$(limit); then
-        echo "profile ${sets[i]}: not run, the call's time is spent" >>"$out/profile.txt"
+      flags=${sets[i]/--gpu-kernels next/--gpu-kernels next$cut}
+      echo "=== ResNet-18, batch 256, $flags" >>"$out/profile.txt"
+      if resnet "$flags --trace $out/p$i.json --trace-steps 10:14" 5120 "$out/profile.txt"; then
+        python3 "$root/bench/gpu_kernels.py" "$out/p$i.rank0.json" --top 40 >>"$out/profile.txt" 2>&1 || true
         continue
       fi
-      # shellcheck disable=SC2086
-      timeout -k 10 "$bound" "$dir/bin/ddp_train" --device cuda --backend nccl --model resnet18 --synthetic 5120 \
-        --epochs 1 --batch-size 256 --lr 0.1 --quiet --trace "$out/p$i.json" --trace-steps 10:14 ${sets[i]} \
-        >>"$out/profile.txt" 2>&1 && python3 "$root/bench/gpu_kernels.py" "$out/p$i.rank0.json" --top 40 >>"$out/profile.txt" 2>&1 \
-        || echo "profile ${sets[i]} failed ($?)" >>"$out/profile.txt"
+      echo "profile $flags failed" >>"$out/profile.txt"
+      if [[ $flags == *"--gpu-kernels next"* && $bisected == 0 && ${GPU_BISECT:-1} == 1 ]]; then
+        bisected=1
+        bisect "$flags" || true
+        echo "$cut" >"$out/next-cut.txt"
+        if [[ -n $cut ]]; then
+          flags=${sets[i]/--gpu-kernels next/--gpu-kernels next$cut}
+          echo "=== ResNet-18, batch 256, $flags" >>"$out/profile.txt"
+          if resnet "$flags --trace $out/p$i.json --trace-steps 10:14" 5120 "$out/profile.txt"; then
+            python3 "$root/bench/gpu_kernels.py" "$out/p$i.rank0.json" --top 40 >>"$out/profile.txt" 2>&1 || true
+          else
+            echo "profile $flags failed" >>"$out/profile.txt"
+          fi
+        fi
+      fi
     done
     # Each set's median step against plain fp32 (--deterministic's target).
     python3 "$root/bench/profile_summary.py" "$out/profile.txt" >"$out/profile-summary.txt" 2>&1 || true
@@ -224,7 +286,8 @@ all)
     began=$SECONDS rc=0
     # Each step of the stage ends by the deadline (limit); the stage's own
     # timeout is only the backstop.
-    GPU_CHECK_DEADLINE=$deadline GPU_BENCH_PROFILE=0 \
+    next_cut=$(cat "$work/profile/next-cut.txt" 2>/dev/null || true)
+    GPU_CHECK_DEADLINE=$deadline GPU_BENCH_PROFILE=0 GPU_NEXT_CUT=$next_cut \
       timeout -k 10 $((left + 30)) "$0" "$stage" "$dir" "$work/$stage" >"$work/$stage.txt" 2>&1 || rc=$?
     ((rc == 0)) || failed=1
     echo "$stage: exit $rc after $((SECONDS - began)) s" | tee -a "$out/all.txt"
