@@ -113,6 +113,8 @@ run | learn | bench | nccl | profile)
     fi
     ((s >= 10)) && echo "$s"
   }
+  # Flags $1 with next's pieces $2 (",-NAME,...") left out (Note [next kernels]).
+  without() { echo "${1/--gpu-kernels next/--gpu-kernels next$2}"; }
   if [[ $mode == bench ]]; then
     # Within a device call's 10 minutes: ResNet-18 over fewer epochs.
     # GPU_BENCH: model:precision:reps:epochs[:our flags, comma-separated],
@@ -122,7 +124,7 @@ run | learn | bench | nccl | profile)
       IFS=: read -r model p reps epochs flag <<<"$spec"
       flag=${flag//,/ }
       # GPU_NEXT_CUT: a piece of next that failed (`all`'s profile stage).
-      flag=${flag/--gpu-kernels next/--gpu-kernels next${GPU_NEXT_CUT:-}}
+      flag=$(without "$flag" "${GPU_NEXT_CUT:-}")
       if ! bound=$(limit); then
         echo "bench $model $p ${flag:-}: not run, the call's time is spent" >>"$out/bench.txt"
         continue
@@ -163,7 +165,7 @@ run | learn | bench | nccl | profile)
         n=$((${#pieces[@]} / 2))
         half=$(printf ',-%s' "${pieces[@]:0:n}")
         : >"$scratch"
-        if resnet "${flags/--gpu-kernels next/--gpu-kernels next$half}" 1024 "$scratch"; then
+        if resnet "$(without "$flags" "$half")" 1024 "$scratch"; then
           echo "bisect: passes without ${pieces[*]:0:n}" >>"$out/profile.txt"
           pieces=("${pieces[@]:0:n}")
         else
@@ -172,7 +174,7 @@ run | learn | bench | nccl | profile)
         fi
       done
       : >"$scratch"
-      if resnet "${flags/--gpu-kernels next/--gpu-kernels next,-${pieces[0]}}" 1024 "$scratch"; then
+      if resnet "$(without "$flags" ",-${pieces[0]}")" 1024 "$scratch"; then
         echo "bisect: ${flags} fails with next and passes without ${pieces[0]}" >>"$out/profile.txt"
         cut=",-${pieces[0]}"
       else
@@ -180,28 +182,26 @@ run | learn | bench | nccl | profile)
       fi
       rm -f "$scratch"
     }
+    # Set $1 with flags $2, traced, its kernel table after it; fails where
+    # the run did.
+    profile_set() {
+      echo "=== ResNet-18, batch 256, $2" >>"$out/profile.txt"
+      if resnet "$2 --trace $out/p$1.json --trace-steps 10:14" 5120 "$out/profile.txt"; then
+        python3 "$root/bench/gpu_kernels.py" "$out/p$1.rank0.json" --top 40 >>"$out/profile.txt" 2>&1 || true
+        return 0
+      fi
+      echo "profile $2 failed" >>"$out/profile.txt"
+      return 1
+    }
     bisected=0
     for i in "${!sets[@]}"; do
-      flags=${sets[i]/--gpu-kernels next/--gpu-kernels next$cut}
-      echo "=== ResNet-18, batch 256, $flags" >>"$out/profile.txt"
-      if resnet "$flags --trace $out/p$i.json --trace-steps 10:14" 5120 "$out/profile.txt"; then
-        python3 "$root/bench/gpu_kernels.py" "$out/p$i.rank0.json" --top 40 >>"$out/profile.txt" 2>&1 || true
-        continue
-      fi
-      echo "profile $flags failed" >>"$out/profile.txt"
+      flags=$(without "${sets[i]}" "$cut")
+      profile_set "$i" "$flags" && continue
       if [[ $flags == *"--gpu-kernels next"* && $bisected == 0 && ${GPU_BISECT:-1} == 1 ]]; then
         bisected=1
         bisect "$flags" || true
         echo "$cut" >"$out/next-cut.txt"
-        if [[ -n $cut ]]; then
-          flags=${sets[i]/--gpu-kernels next/--gpu-kernels next$cut}
-          echo "=== ResNet-18, batch 256, $flags" >>"$out/profile.txt"
-          if resnet "$flags --trace $out/p$i.json --trace-steps 10:14" 5120 "$out/profile.txt"; then
-            python3 "$root/bench/gpu_kernels.py" "$out/p$i.rank0.json" --top 40 >>"$out/profile.txt" 2>&1 || true
-          else
-            echo "profile $flags failed" >>"$out/profile.txt"
-          fi
-        fi
+        if [[ -n $cut ]]; then profile_set "$i" "$(without "${sets[i]}" "$cut")" || true; fi
       fi
     done
     # Each set's median step against plain fp32 (--deterministic's target).

@@ -92,12 +92,7 @@ bool Trainer::checkpoint_in_epoch(Epoch& e) {
   const bool due = cfg_.checkpoint_every > 0 && position_.global_step % cfg_.checkpoint_every == 0;
   if (!sig && !due) return true;
   comm::Communicator& comm = replica_->comm();
-  // The last step's outcome first where the loss scale decides on the
-  // device (Note [loss scale on the device]): a run that diverged there
-  // saves nothing, and a skip counts in this epoch.
-  if (check_step(comm, replica_->settle(), replica_->scaler(), e.index, e.step, position_.global_step))
-    ++e.skipped_steps;
-  take_sums(e);
+  settle_and_take_sums(e);  // a run that diverged at the last step saves nothing
   double part[3] = {e.sums.loss, e.sums.correct, e.sums.samples};
   comm.allreduce_doubles(part, 3, /*max=*/false, "checkpoint epoch sums");
   checkpoint::RunState at = position_;
@@ -124,14 +119,16 @@ Sums Trainer::take_sums(Epoch& e) {
   return s;
 }
 
+void Trainer::settle_and_take_sums(Epoch& e) {
+  if (check_step(replica_->comm(), replica_->settle(), replica_->scaler(), e.index, e.step, position_.global_step))
+    ++e.skipped_steps;
+  take_sums(e);
+}
+
 // The epoch's figures over all ranks, and its evaluation.
 EpochRecord Trainer::finish_epoch(Epoch& e) {
   comm::Communicator& comm = replica_->comm();
-  // The last step's outcome where the loss scale's decisions are the
-  // device's (Note [loss scale on the device]).
-  if (check_step(comm, replica_->settle(), replica_->scaler(), e.index, e.step, position_.global_step))
-    ++e.skipped_steps;
-  take_sums(e);  // waits for the device: the epoch's time includes all its work
+  settle_and_take_sums(e);  // waits for the device: the epoch's time includes all its work
   double train_sec = seconds_since(e.t0);
   comm.allreduce_doubles(&train_sec, 1, /*max=*/true, "epoch time");
   double totals[4] = {e.sums.loss, e.sums.correct, e.sums.samples, e.sums.comm_wait};

@@ -79,6 +79,10 @@ class Trainer {
   bool train_steps(Epoch& e);
   bool checkpoint_in_epoch(Epoch& e);
   Sums take_sums(Epoch& e);
+  // The last step's outcome first, where the loss scale decides on the
+  // device (Note [loss scale on the device]): a run that diverged there ends
+  // here, and a skip counts in e; then take_sums.
+  void settle_and_take_sums(Epoch& e);
   EpochRecord finish_epoch(Epoch& e);
 
   // The position after epoch e and its checkpoint; false when the run stops

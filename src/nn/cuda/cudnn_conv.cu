@@ -462,7 +462,7 @@ void CudnnConv::backward(cuda::Context& ctx, int batch, const float* x, const fl
     const Plan& p = plan(ctx, batch);
     // beta = 1 adds into the gradients (Note [gradient accumulation]).
     const float one = 1.0f;
-    if (db && ctx.next(NextKernel::ConvBiasSums))
+    if (db && bias_by_sums(ctx))
       bias_grad(ctx, batch, dy, db);
     else if (db)
       DDP_CUDNN_CHECK(cudnnConvolutionBackwardBias(ctx.dnn(), &one, p.y, dy, &one, bias_desc_, db));
