@@ -318,6 +318,14 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
     return w;
   }
 
+  // Note [step graphs]: done once `stream` passes this point.
+  std::shared_ptr<Work> issued_on(cudaStream_t stream, std::string what, const std::string&) override {
+    state_->check_usable(what);
+    auto w = std::make_shared<NcclWork>(state_, pool_, ctx_.compute(), ctx_.device(), std::move(what));
+    DDP_CUDA_CHECK(cudaEventRecord(w->done_event(), stream));
+    return w;
+  }
+
   // --deterministic's integer sums: exact whatever order NCCL adds in.
   std::shared_ptr<Work> allreduce_int64_async(int64_t* data, size_t count, std::string what) override {
     return sum_async(data, count, ncclInt64, sizeof(int64_t), "int64", what);

@@ -217,6 +217,7 @@ class Watched : public Base {
   // communicator's call, not numbered again), its Work watched.
   template <class Issue>
   std::shared_ptr<Work> watched_async(const std::string& what, const std::string& bytes, const Issue& issue) {
+    if (unwatched_) return issue();
     const uint64_t seq = enter("all-reduce", what, bytes);
     std::shared_ptr<Work> w;
     {
@@ -234,6 +235,8 @@ class Watched : public Base {
   std::unique_ptr<Base> inner_;
   std::shared_ptr<Tracker> tracker_;
   const std::chrono::milliseconds grace_;
+  // Note [step graphs]: a capture under way, whose collectives are not run.
+  bool unwatched_ = false;
 };
 
 }  // namespace ddp::comm

@@ -13,12 +13,12 @@ namespace {
 class CpuKernels final : public Kernels {
  public:
   void step(const StepArgs& a) override {
-    DDP_CHECK(a.s.kind != Kind::AdamW || (a.a && a.b), "AdamW needs its exp_avg and exp_avg_sq");
-    DDP_CHECK(a.s.kind != Kind::Sgd || a.s.mu == 0.0f || a.a, "SGD with momentum needs its buffer");
+    const StepScalars s = a.scalars ? *a.scalars : a.s;
+    DDP_CHECK(s.kind != Kind::AdamW || (a.a && a.b), "AdamW needs its exp_avg and exp_avg_sq");
+    DDP_CHECK(s.kind != Kind::Sgd || s.mu == 0.0f || a.a, "SGD with momentum needs its buffer");
     if (a.skip && *a.skip) return;
     const float unscale = a.loss_scale ? 1.0f / a.loss_scale->scale : a.unscale;
     const float gscale = gradient_factor(a.sq_norm, a.max_norm, unscale);
-    const StepScalars s = a.s;
     for (size_t i = 0; i < a.n; ++i) update_at(i, s, a.decay, gscale, a.p, a.g, a.a, a.b);
   }
 
@@ -52,11 +52,16 @@ class CpuKernels final : public Kernels {
   void update_loss_scale(const unsigned* found, const ScalerOptions& o) override {
     optim::update_loss_scale(scale_, *found != 0, o.growth_factor, o.backoff_factor, o.growth_interval);
   }
+  const StepScalars* set_scalars(const StepScalars& s) override {
+    scalars_ = s;
+    return &scalars_;
+  }
 
  private:
   double sq_ = 0, norm_sum_ = 0;
   unsigned flag_ = 0;
   LossScaleState scale_;
+  StepScalars scalars_;
 };
 
 }  // namespace

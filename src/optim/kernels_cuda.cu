@@ -30,11 +30,14 @@ __device__ float unscale_of(float unscale, const LossScaleState* loss_scale) {
   return loss_scale ? 1.0f / loss_scale->scale : unscale;
 }
 
-__global__ void step_kernel(size_t n, StepScalars s, bool decay, const double* sq_norm, float max_norm,
-                            float unscale, const LossScaleState* loss_scale, const unsigned* skip,
+// The scalars: by value, or where `at` is given read there (Note [step
+// graphs]).
+__global__ void step_kernel(size_t n, StepScalars by_value, const StepScalars* at, bool decay, const double* sq_norm,
+                            float max_norm, float unscale, const LossScaleState* loss_scale, const unsigned* skip,
                             float* __restrict__ p, const float* __restrict__ g, float* __restrict__ a,
                             float* __restrict__ b) {
   if (skip && *skip) return;
+  const StepScalars s = at ? *at : by_value;
   const float gscale = gradient_factor(sq_norm, max_norm, unscale_of(unscale, loss_scale));
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     update_at(i, s, decay, gscale, p, g, a, b);
@@ -94,6 +97,7 @@ class CudaKernels final : public Kernels {
     DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&out_), 2 * sizeof(double), stream_));
     DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&flag_), sizeof(unsigned), stream_));
     DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scale_), sizeof(LossScaleState), stream_));
+    DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scalars_), sizeof(StepScalars), stream_));
     set_loss_scale(LossScaleState{});
     DDP_CUDA_CHECK(cudaMemsetAsync(out_, 0, 2 * sizeof(double), stream_));
   }
@@ -104,6 +108,7 @@ class CudaKernels final : public Kernels {
     cudaFreeAsync(out_, stream_);
     cudaFreeAsync(flag_, stream_);
     cudaFreeAsync(scale_, stream_);
+    cudaFreeAsync(scalars_, stream_);
   }
 
   void step(const StepArgs& a) override {
@@ -111,8 +116,8 @@ class CudaKernels final : public Kernels {
     DDP_CHECK(a.s.kind != Kind::Sgd || a.s.mu == 0.0f || a.a, "SGD with momentum needs its buffer");
     if (a.n == 0) return;
     DDP_CHECK(a.p && a.g, "optimizer step: null parameters or gradients");
-    step_kernel<<<grid_for(a.n, 8192), kThreads, 0, stream_>>>(a.n, a.s, a.decay, a.sq_norm, a.max_norm, a.unscale,
-                                                               a.loss_scale, a.skip, a.p, a.g, a.a, a.b);
+    step_kernel<<<grid_for(a.n, 8192), kThreads, 0, stream_>>>(a.n, a.s, a.scalars, a.decay, a.sq_norm, a.max_norm,
+                                                               a.unscale, a.loss_scale, a.skip, a.p, a.g, a.a, a.b);
     DDP_CUDA_CHECK_LAUNCH(step_kernel);
   }
 
@@ -155,6 +160,11 @@ class CudaKernels final : public Kernels {
     update_scale_kernel<<<1, 1, 0, stream_>>>(scale_, found, o.growth_factor, o.backoff_factor, o.growth_interval);
     DDP_CUDA_CHECK_LAUNCH(update_scale_kernel);
   }
+  const StepScalars* set_scalars(const StepScalars& s) override {
+    // From pageable memory: returns once s is staged.
+    DDP_CUDA_CHECK(cudaMemcpyAsync(scalars_, &s, sizeof s, cudaMemcpyHostToDevice, stream_));
+    return scalars_;
+  }
 
  private:
   cudaStream_t stream_;
@@ -162,6 +172,7 @@ class CudaKernels final : public Kernels {
   double* out_ = nullptr;  // the last squared norm, the running sum of norms
   unsigned* flag_ = nullptr;  // non_finite's
   LossScaleState* scale_ = nullptr;  // Note [loss scale on the device]
+  StepScalars* scalars_ = nullptr;   // set_scalars': Note [step graphs]
 };
 
 }  // namespace

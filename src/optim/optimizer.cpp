@@ -74,20 +74,16 @@ void Optimizer::unstep() {
   --step_;
 }
 
-void Optimizer::run(double lr, float* p, const float* g, StepArgs a) {
-  a.p = p;
-  a.g = g;
-  StepScalars& s = a.s;
+StepScalars Optimizer::scalars(double lr, int64_t t) const {
+  StepScalars s;
   s.kind = opt_.kind;
   s.lr = static_cast<float>(lr);
-  const int64_t t = step_ + 1;  // PyTorch counts the step being taken
   if (opt_.kind == Kind::Sgd) {
     s.wd = static_cast<float>(opt_.weight_decay);
     s.mu = static_cast<float>(opt_.momentum);
     s.damp = static_cast<float>(1.0 - opt_.dampening);
     s.nesterov = opt_.nesterov;
-    s.first = step_ == 0;
-    if (!buffers_.empty()) a.a = buffers_[0]->data();
+    s.first = t == 1;
   } else {
     s.decay_factor = static_cast<float>(1.0 - lr * opt_.weight_decay);
     s.beta2 = static_cast<float>(opt_.beta2);
@@ -96,6 +92,30 @@ void Optimizer::run(double lr, float* p, const float* g, StepArgs a) {
     s.one_minus_beta2 = static_cast<float>(1.0 - opt_.beta2);
     s.step_size = static_cast<float>(lr / (1.0 - std::pow(opt_.beta1, double(t))));
     s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(opt_.beta2, double(t))));
+  }
+  return s;
+}
+
+void Optimizer::stage_scalars(double lr) {
+  staged_ = kernels_.set_scalars(scalars(lr, step_ + 1));
+  staged_step_ = step_ + 1;
+  staged_lr_ = lr;
+}
+
+void Optimizer::replayed() {
+  DDP_CHECK(staged_step_ == step_ + 1, "optimizer: a replayed step without its scalars staged");
+  step_ = staged_step_;
+}
+
+void Optimizer::run(double lr, float* p, const float* g, StepArgs a) {
+  a.p = p;
+  a.g = g;
+  const int64_t t = step_ + 1;  // PyTorch counts the step being taken
+  a.s = scalars(lr, t);
+  if (staged_ && staged_step_ == t && staged_lr_ == lr) a.scalars = staged_;
+  if (opt_.kind == Kind::Sgd) {
+    if (!buffers_.empty()) a.a = buffers_[0]->data();
+  } else {
     a.a = buffers_[0]->data();
     a.b = buffers_[1]->data();
   }

@@ -99,6 +99,7 @@ void* Context::grow(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.p;
   // Work already queued may still use the old buffer.
   DDP_CUDA_CHECK(cudaStreamSynchronize(compute()));
+  moved();
   if (s.p) DDP_CUDA_CHECK(cudaFree(s.p));
   s.p = nullptr;
   s.bytes = 0;
@@ -115,7 +116,9 @@ void* Context::alloc(size_t bytes) {
 }
 
 void Context::free(void* p) {
-  if (p) DDP_CUDA_CHECK(cudaFreeAsync(p, compute()));
+  if (!p) return;
+  moved();
+  DDP_CUDA_CHECK(cudaFreeAsync(p, compute()));
 }
 
 void Context::sync() { DDP_CUDA_CHECK(cudaStreamSynchronize(compute())); }
@@ -177,7 +180,10 @@ void Context::warn_once(const std::string& key, const std::string& what) {
 DeviceBuffer::DeviceBuffer(Context& ctx, size_t count) { reserve(ctx, count); }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (ctx_ && data_) cudaFreeAsync(data_, ctx_->compute());
+  if (ctx_ && data_) {
+    ctx_->moved();
+    cudaFreeAsync(data_, ctx_->compute());
+  }
 }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
@@ -185,7 +191,10 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
-    if (ctx_ && data_) cudaFreeAsync(data_, ctx_->compute());
+    if (ctx_ && data_) {
+      ctx_->moved();
+      cudaFreeAsync(data_, ctx_->compute());
+    }
     ctx_ = std::exchange(o.ctx_, nullptr);
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);

@@ -11,7 +11,8 @@ const std::vector<NextKernel>& next_kernels() {
   static const std::vector<NextKernel> all = {
       NextKernel::BnSplitSums,       NextKernel::GraphConv, NextKernel::ConvBiasSums,   NextKernel::BnAct,
       NextKernel::SyncBnOnDevice,    NextKernel::OneRank,   NextKernel::LossScaleOnDevice, NextKernel::ShardSums,
-      NextKernel::ShardsTogether,    NextKernel::CheckedRuns, NextKernel::ShardStreams};
+      NextKernel::ShardsTogether,    NextKernel::CheckedRuns, NextKernel::ShardStreams,
+      NextKernel::StepGraphs};
   return all;
 }
 
@@ -28,6 +29,7 @@ const char* name_of(NextKernel k) {
     case NextKernel::ShardsTogether: return "shards-together";
     case NextKernel::CheckedRuns: return "checked-runs";
     case NextKernel::ShardStreams: return "shard-streams";
+    case NextKernel::StepGraphs: return "step-graphs";
   }
   return "?";
 }

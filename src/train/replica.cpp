@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <exception>
 #include <optional>
 #include <utility>
@@ -45,9 +46,29 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
   optimizer_ = std::make_unique<optim::Optimizer>(opt, g.params, dev, backend_->optim_kernels());
   if (scaler_ && backend_->loss_scale_on_device() && !exact_)
     device_scale_ = std::make_unique<DeviceLossScale>(*backend_, *scaler_, *optimizer_);
+  // Note [step graphs]: asked for, and what the step holds allows it.
+  if (backend_->step_graphs_asked()) {
+    std::string why = exact_     ? "--deterministic's steps are not captured"
+                      : scaler_  ? "--precision fp16's loss scaler decides between steps"
+                      : stats_   ? "--sync-bn's statistics are all-reduced within the step"
+                                 : backend_->step_graphs_refusal();
+    step_graphs_ = why.empty();
+    if (!step_graphs_ && backend_->comm().rank() == 0)
+      std::fprintf(stderr, "ddp_train: note: --gpu-kernels next (step-graphs): each step runs as issued: %s\n",
+                   why.c_str());
+  }
   classes_ = static_cast<int>(g.output_shape().numel());
   dlogits_ = dev.alloc(size_t(cfg.batch_size) * size_t(classes_));
 }
+
+namespace {
+
+// What the watchdog calls a replayed step's collectives.
+std::string replay_label(int64_t launches) {
+  return detail::concat("the ", launches, " all-reduces of a replayed training step (a CUDA graph)");
+}
+
+}  // namespace
 
 Replica::~Replica() {
   // While an error unwinds, buckets may still be all-reduced in place in the
@@ -112,24 +133,103 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
   lap(times_.data);
   const size_t sample = b.x.size() / size_t(b.size);
   StepHealth health;
+  // Note [step graphs]: as issued, captured, or replayed.
+  const StepKey key{x, y, b.size};
+  StepRun run = StepRun::kIssue;
+  uint64_t generation = 0;
+  const bool graphed = !exact_ && graphs_for_step();
+  if (graphed) {
+    generation = backend_->memory_generation();
+    bool drop = false;
+    run = plan_.decide(key, generation, &drop);
+    if (drop) {
+      backend_->drop_graph(key);
+      captured_.erase(key);
+    }
+  }
   if (exact_) {
     exact_passes(x, y, b.size, health, lap);
     sums_.allreduces += 2;
     sums_.allreduce_bytes += double(exact_->sum->bytes_per_step());
+  } else if (run == StepRun::kCapture) {
+    capture_step(key, x, y, b.size, sample, lr, health, lap);
+  } else if (run == StepRun::kReplay) {
+    replay_step(key, lr);
+    lap(times_.forward);  // the replay's launch
   } else {
     reduced_passes(x, y, b.size, sample, health, lap);
   }
   {
     TraceScope span(trace_, Trace::kStep, "optimizer", "optimizer");
-    if (device_scale_)
-      device_scale_->step(lr, model_->params(), model_->grads(), model_->num_params(), health);
-    else
-      checked_step(lr, health);
+    if (run == StepRun::kIssue) {  // else the captured step holds it
+      if (device_scale_)
+        device_scale_->step(lr, model_->params(), model_->grads(), model_->num_params(), health);
+      else
+        checked_step(lr, health);
+    }
     backend_->batch_done();
   }
   lap(times_.optimizer);
+  if (graphed) plan_.done(key, run, generation, backend_->memory_generation());
   sums_.samples += b.size;
   return health;
+}
+
+bool Replica::graphs_for_step() {
+  if (!step_graphs_) return false;
+  if (trace_ && trace_->active()) {
+    if (!trace_said_ && backend_->comm().rank() == 0)
+      std::fprintf(stderr, "ddp_train: note: --gpu-kernels next (step-graphs): the steps in --trace's window run "
+                           "as issued, their spans being the host's launches\n");
+    trace_said_ = true;
+    return false;
+  }
+  return true;
+}
+
+Replica::HostCounts Replica::host_counts() {
+  return {model_->counters(), reducer_->launches(), reducer_->launched_bytes()};
+}
+
+void Replica::capture_step(const StepKey& key, const float* x, const int32_t* y, int batch, size_t sample, double lr,
+                           StepHealth& health, const std::function<void(double&)>& lap) {
+  const HostCounts before = host_counts();
+  optimizer_->stage_scalars(lr);  // outside the capture: a copy from the host
+  backend_->begin_capture();
+  try {
+    reduced_passes(x, y, batch, sample, health, lap);
+    checked_step(lr, health);
+  } catch (const std::exception& e) {
+    backend_->end_capture(key, false);
+    DDP_FAIL("capturing the training step as a CUDA graph (--gpu-kernels next: step-graphs) failed: ", e.what(),
+             "; --gpu-kernels next,-step-graphs runs each step as issued");
+  }
+  backend_->end_capture(key);
+  HostCounts d = host_counts();
+  for (size_t i = 0; i < d.counters.size(); ++i) d.counters[i] -= before.counters[i];
+  d.launches -= before.launches;
+  d.bytes -= before.bytes;
+  captured_[key] = std::move(d);
+  if (!capture_said_ && backend_->comm().rank() == 0)
+    std::fprintf(stderr, "ddp_train: note: --gpu-kernels next (step-graphs): the step of %d samples captured as a "
+                         "CUDA graph once its first steps ran as issued, and replayed from here on (a step of another "
+                         "shape, or after memory moved, is captured again)\n",
+                 batch);
+  capture_said_ = true;
+  // Captured, not run: the step runs now.
+  backend_->replay(key, replay_label(captured_[key].launches), comm::format_bytes(size_t(captured_[key].bytes)));
+}
+
+void Replica::replay_step(const StepKey& key, double lr) {
+  const HostCounts& d = captured_.at(key);
+  optimizer_->stage_scalars(lr);
+  backend_->replay(key, replay_label(d.launches), comm::format_bytes(size_t(d.bytes)));
+  optimizer_->replayed();
+  std::vector<int64_t>& counters = model_->counters();
+  for (size_t i = 0; i < counters.size(); ++i) counters[i] += d.counters[i];
+  reducer_->replayed(d.launches, d.bytes);
+  sums_.allreduces += double(d.launches);
+  sums_.allreduce_bytes += double(d.bytes);
 }
 
 // The optimizer's step where the host looks at the gradients first (where

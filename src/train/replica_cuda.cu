@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -164,6 +165,7 @@ class CudaBackend final : public Backend, public ExactBackend {
       if (s.copied) cudaEventDestroy(s.copied);
       if (s.free) cudaEventDestroy(s.free);
     }
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     if (flag_host_) cudaFreeHost(flag_host_);
     if (flag_copied_) cudaEventDestroy(flag_copied_);
     if (sums_ && ctx_) cudaFreeAsync(sums_, ctx_->compute());
@@ -289,6 +291,51 @@ class CudaBackend final : public Backend, public ExactBackend {
 
   optim::Kernels& optim_kernels() override { return *kernels_; }
 
+  // Note [step graphs]: with --gpu-kernels next until a GPU has run it.
+  bool step_graphs_asked() const override { return ctx_->next(NextKernel::StepGraphs); }
+  std::string step_graphs_refusal() const override {
+    return std::string(comm_->backend()) == "nccl" ? "" : "the mpi backend's all-reduces are the host's";
+  }
+  uint64_t memory_generation() const override { return ctx_->generation(); }
+  // Thread-local: the watchdog's thread goes on asking its events.
+  void begin_capture() override {
+    comm_->capturing(true);
+    DDP_CUDA_CHECK(cudaStreamBeginCapture(ctx_->compute(), cudaStreamCaptureModeThreadLocal));
+  }
+  void end_capture(const StepKey& key, bool keep) override {
+    comm_->capturing(false);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(ctx_->compute(), &graph);
+    if (!keep || e != cudaSuccess) {
+      if (graph) cudaGraphDestroy(graph);
+      static_cast<void>(cudaGetLastError());  // the capture's error, reported here
+      if (!keep) return;
+      DDP_FAIL("capturing the training step as a CUDA graph (--gpu-kernels next: step-graphs) failed: ",
+               cudaGetErrorName(e), ": ", cudaGetErrorString(e),
+               "; --gpu-kernels next,-step-graphs runs each step as issued");
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t ie = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+    cudaGraphDestroy(graph);  // the executable graph is its own
+    if (ie != cudaSuccess)
+      DDP_FAIL("instantiating the training step's CUDA graph (--gpu-kernels next: step-graphs) failed: ",
+               cudaGetErrorName(ie), ": ", cudaGetErrorString(ie),
+               "; --gpu-kernels next,-step-graphs runs each step as issued");
+    drop_graph(key);
+    graphs_[key] = exec;
+  }
+  void replay(const StepKey& key, const std::string& what, const std::string& bytes) override {
+    DDP_CUDA_CHECK(cudaGraphLaunch(graphs_.at(key), ctx_->compute()));
+    comm_->issued_on(ctx_->compute(), what, bytes);
+  }
+  // A launch still running finishes first (cudaGraphExecDestroy).
+  void drop_graph(const StepKey& key) override {
+    const auto it = graphs_.find(key);
+    if (it == graphs_.end()) return;
+    DDP_CUDA_CHECK(cudaGraphExecDestroy(it->second));
+    graphs_.erase(it);
+  }
+
   // Note [loss scale on the device]: with --gpu-kernels next until a GPU has
   // run it.
   bool loss_scale_on_device() const override { return ctx_->next(NextKernel::LossScaleOnDevice); }
@@ -337,6 +384,7 @@ class CudaBackend final : public Backend, public ExactBackend {
   cudaEvent_t flag_copied_ = nullptr;
   size_t next_slot_ = 0, current_ = 0;
   bool exact_loss_ = false;  // --deterministic
+  std::map<StepKey, cudaGraphExec_t> graphs_;  // Note [step graphs]
 };
 
 }  // namespace

@@ -33,6 +33,20 @@ class DeviceCommunicator : public Communicator {
   // the GPU waiting (ncclCommAbort on NCCL; nothing for MPI, whose
   // MPI_Abort follows).
   virtual void abort_now() {}
+
+  // Note [step graphs] (train/step_graphs.hpp): while a stream capture is
+  // under way on the caller's thread, the collectives issued are recorded in
+  // a CUDA graph, not run: the watchdog does not number them (their events
+  // cannot be asked whether they fired).
+  virtual void capturing(bool /*on*/) {}
+  // The work issued on `stream` so far (a replayed graph's collectives) as
+  // one operation, done once the stream gets past this point: the watchdog
+  // watches it as it watches an all-reduce, under `what` (of `bytes`).
+  // nullptr where the backend has none to watch.
+  virtual std::shared_ptr<Work> issued_on(cudaStream_t /*stream*/, std::string /*what*/,
+                                          const std::string& /*bytes*/) {
+    return nullptr;
+  }
 };
 
 // NCCL: rank 0 calls ncclGetUniqueId and MPI_Bcasts its 128 bytes, then an

@@ -39,6 +39,11 @@ struct StepArgs {
   // element as it was.
   const LossScaleState* loss_scale = nullptr;
   const unsigned* skip = nullptr;
+  // Note [step graphs] (train/step_graphs.hpp): where set, the step's
+  // scalars are read there where the step runs (set_scalars' memory), s
+  // only telling the host which buffers the step needs; a step captured in
+  // a CUDA graph then takes each replay's learning rate and step count.
+  const StepScalars* scalars = nullptr;
 };
 
 class Kernels {
@@ -69,6 +74,11 @@ class Kernels {
   virtual void set_loss_scale(const LossScaleState& s) = 0;
   virtual void scale_by_loss_scale(float* x, size_t n) = 0;
   virtual void update_loss_scale(const unsigned* found, const ScalerOptions& o) = 0;
+
+  // Note [step graphs]: s into memory this object owns (the device's, in
+  // its stream's order; s may be reused at once), for StepArgs::scalars.
+  // Not to be called while a stream capture is under way.
+  virtual const StepScalars* set_scalars(const StepScalars& s) = 0;
 };
 
 std::unique_ptr<Kernels> make_cpu_kernels();

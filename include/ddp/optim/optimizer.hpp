@@ -68,6 +68,14 @@ class Optimizer {
   void step(double lr, float* p, const float* g, const LossScaleState* loss_scale, const unsigned* skip);
   // The last step was skipped on the device: it is not counted.
   void unstep();
+  // Note [step graphs] (train/step_graphs.hpp): the scalars of the next
+  // step at lr (its learning rate, step count, bias corrections) written to
+  // the kernels' memory, where the next step() at lr reads them instead of
+  // taking them as arguments: a step captured in a CUDA graph, and each
+  // replay of it, then takes its own. replayed(): a replay of a captured
+  // step, counted as step() counts one.
+  void stage_scalars(double lr);
+  void replayed();
   // The gradient norms (before clipping) summed over the steps since the
   // last call; 0 without clipping.
   double take_norm_sum() { return opt_.max_grad_norm > 0 ? kernels_.take_norm_sum() : 0.0; }
@@ -83,6 +91,8 @@ class Optimizer {
   };
   // A step with a's unscale, loss scale and skip.
   void run(double lr, float* p, const float* g, StepArgs a);
+  // The scalars of step t at lr.
+  StepScalars scalars(double lr, int64_t t) const;
   Options opt_;
   nn::Device& dev_;
   Kernels& kernels_;
@@ -91,6 +101,10 @@ class Optimizer {
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<nn::Array>> buffers_;  // as names_
   int64_t step_ = 0;
+  // stage_scalars': where, and for which step and learning rate.
+  const StepScalars* staged_ = nullptr;
+  int64_t staged_step_ = -1;
+  double staged_lr_ = 0;
 };
 
 }  // namespace ddp::optim

@@ -72,6 +72,12 @@ class Reducer {
   // All-reduces launched since construction, and their bytes on the wire.
   int64_t launches() const { return launches_; }
   int64_t launched_bytes() const { return launched_bytes_; }
+  // Note [step graphs] (train/step_graphs.hpp): a replayed step launched
+  // these all-reduces of these bytes, captured from a step of this reducer.
+  void replayed(int64_t launches, int64_t bytes) {
+    launches_ += launches;
+    launched_bytes_ += bytes;
+  }
 
  private:
   void launch(size_t k);

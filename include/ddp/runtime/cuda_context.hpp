@@ -101,6 +101,13 @@ class Context {
   void* alloc(size_t bytes);
   void free(void* p);
 
+  // Note [step graphs] (train/step_graphs.hpp): how many times memory that
+  // issued work may have held was freed or moved (free, a workspace or
+  // staging buffer grown, a DeviceBuffer released or regrown). A CUDA graph
+  // captured at another generation may read freed memory.
+  uint64_t generation() const { return generation_; }
+  void moved() noexcept { ++generation_; }
+
   // Blocks until the compute stream has finished what was issued so far.
   void sync();
 
@@ -165,6 +172,7 @@ class Context {
   GpuKernels kernels_;
   bool channels_last_ = false;
   std::map<std::string, std::vector<int>> timed_;
+  uint64_t generation_ = 0;
 };
 
 // A device buffer of floats from a Context's pool, released on destruction.

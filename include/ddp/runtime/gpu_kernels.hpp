@@ -30,6 +30,7 @@ enum class NextKernel {
   ShardsTogether,     // --deterministic: micro-shards' gradients taken together (Note [shard gradients together])
   CheckedRuns,        // --deterministic: micro-shards in one checked call (Note [checked runs])
   ShardStreams,       // --deterministic: micro-shards' weight gradients on side streams (Note [shard streams])
+  StepGraphs,         // the steady step captured once as a CUDA graph and replayed (Note [step graphs])
 };
 
 // Every piece, in the order above, and each one's name on the command line.

@@ -19,7 +19,9 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +36,7 @@
 #include "ddp/optim/optimizer.hpp"    // Optimizer: SGD, AdamW, their state, clipping
 #include "ddp/runtime/world.hpp"      // World
 #include "ddp/train/config.hpp"       // Config
+#include "ddp/train/step_graphs.hpp"  // StepGraphPlan, StepKey: Note [step graphs]
 #include "ddp/train/sums.hpp"         // Sums: the loss, counts and waits taken by the trainer
 #include "ddp/train/usage.hpp"        // DeviceUsage
 
@@ -149,6 +152,24 @@ class Backend {
   // on the trace's GPU tracks; CPUs have nothing beyond the host's spans.
   virtual void begin_device_trace() {}
   virtual void end_device_trace(Trace& /*trace*/) {}
+
+  // Note [step graphs] (train/step_graphs.hpp): whether the run asked for
+  // its steps to be captured and replayed (a GPU's --gpu-kernels next), and
+  // why this backend cannot ("" where it can).
+  virtual bool step_graphs_asked() const { return false; }
+  virtual std::string step_graphs_refusal() const { return "the CPU runs each step as it is issued"; }
+  // cuda::Context::generation: memory freed or moved so far.
+  virtual uint64_t memory_generation() const { return 0; }
+  // What is issued from begin_capture to end_capture on the compute stream
+  // (and the streams it joins) is recorded, not run, as key's graph;
+  // end_capture throws ddp::Error where the capture failed, and
+  // end_capture(key, false) ends a capture whose step failed, keeping
+  // nothing. replay(key) runs the graph, its collectives watched as `what`
+  // of `bytes`; drop_graph(key) destroys it.
+  virtual void begin_capture() {}
+  virtual void end_capture(const StepKey& /*key*/, bool /*keep*/ = true) {}
+  virtual void replay(const StepKey& /*key*/, const std::string& /*what*/, const std::string& /*bytes*/) {}
+  virtual void drop_graph(const StepKey& /*key*/) {}
 };
 
 // The CPU backend: host memory, the MPI communicator, the kernels on
@@ -252,6 +273,21 @@ class Replica {
   // --precision fp16: d(loss)/d(logits) of `batch` samples times the loss
   // scale (the scaled loss's backward, optim/grad_scaler.hpp).
   void scale_dlogits(int batch);
+  // Note [step graphs]: what a step advances on the host (the BatchNorm
+  // counters, the reducer's launches and bytes), read now; a replay
+  // advances them by what its capture did.
+  struct HostCounts {
+    std::vector<int64_t> counters;
+    int64_t launches = 0, bytes = 0;
+  };
+  HostCounts host_counts();
+  // Whether this step may be captured or replayed (said once where it may
+  // not, on rank 0); the step's passes and optimizer captured as key's
+  // graph and run; key's graph replayed.
+  bool graphs_for_step();
+  void capture_step(const StepKey& key, const float* x, const int32_t* y, int batch, size_t sample, double lr,
+                    StepHealth& health, const std::function<void(double&)>& lap);
+  void replay_step(const StepKey& key, double lr);
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Stats> stats_;
   std::unique_ptr<nn::Model> model_;
@@ -265,6 +301,12 @@ class Replica {
   StepTimes times_;
   Trace* trace_ = nullptr;
   Sums sums_;  // not taken yet: the host's counts, and what the backend handed over early
+  // Note [step graphs]: whether steps may be captured at all, the plan, and
+  // what each captured step advanced on the host.
+  bool step_graphs_ = false;
+  bool trace_said_ = false, capture_said_ = false;
+  StepGraphPlan plan_;
+  std::map<StepKey, HostCounts> captured_;
 };
 
 }  // namespace ddp::train

@@ -149,7 +149,9 @@ TEST_F(CudaSideStreams, CallsRunOnTheirOwnStreamsBetweenWhatCameBeforeAndAfter) 
     const int k = i % cuda::Context::kSideStreams;
     EXPECT_EQ(streams[size_t(i)], streams[size_t(k)]) << "call " << i;
     EXPECT_EQ(workspaces[size_t(i)], workspaces[size_t(k)]) << "call " << i;
-    if (i > 0 && i < cuda::Context::kSideStreams) EXPECT_NE(streams[size_t(i)], streams[0]) << "call " << i;
+    if (i > 0 && i < cuda::Context::kSideStreams) {
+      EXPECT_NE(streams[size_t(i)], streams[0]) << "call " << i;
+    }
   }
   // Read on the compute stream: every call's copy is there.
   const std::vector<float> all = to.download();

@@ -50,7 +50,8 @@ TEST(GpuKernels, AnythingElseIsRefusedNamingWhatWouldDo) {
       EXPECT_NE(what.find("--gpu-kernels"), std::string::npos) << what;
       EXPECT_TRUE(what.find("proven, next, or next,-NAME") != std::string::npos ||
                   what.find("(bn-split-sums, graph-conv, conv-bias-sums, bn-act, sync-bn-on-device, one-rank, "
-                            "loss-scale-on-device, shard-sums, shards-together, checked-runs, shard-streams)") !=
+                            "loss-scale-on-device, shard-sums, shards-together, checked-runs, shard-streams, "
+                            "step-graphs)") !=
                       std::string::npos)
           << what;
     }
