@@ -120,7 +120,7 @@ run | learn | bench | nccl | profile)
     # GPU_BENCH: model:precision:reps:epochs[:our flags, comma-separated],
     # most wanted first (compare_pytorch_gpu.sh's pairs: each precision
     # against PyTorch's like).
-    for spec in ${GPU_BENCH:-resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:fp32:1:3:--gpu-kernels,next,--channels-last resnet18:fp32:1:3 lenet:fp32:3:5 lenet:bf16:3:5 lenet:fp16:3:5:--gpu-kernels,next resnet18:fp16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last}; do
+    for spec in ${GPU_BENCH:-resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:fp32:1:3:--gpu-kernels,next,--channels-last resnet18:fp32:1:3 lenet:fp32:3:5 lenet:fp32:3:5:--gpu-kernels,next lenet:bf16:3:5 lenet:fp16:3:5:--gpu-kernels,next resnet18:fp16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last}; do
       IFS=: read -r model p reps epochs flag <<<"$spec"
       flag=${flag//,/ }
       # GPU_NEXT_CUT: a piece of next that failed (`all`'s profile stage).

@@ -318,9 +318,10 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
     return w;
   }
 
+  void check_errors(const std::string& what) override { state_->check_async(what); }
   // Note [step graphs]: done once `stream` passes this point.
   std::shared_ptr<Work> issued_on(cudaStream_t stream, std::string what, const std::string&) override {
-    state_->check_usable(what);
+    state_->check_async(what);
     auto w = std::make_shared<NcclWork>(state_, pool_, ctx_.compute(), ctx_.device(), std::move(what));
     DDP_CUDA_CHECK(cudaEventRecord(w->done_event(), stream));
     return w;

@@ -19,6 +19,7 @@ class WatchedDevice final : public Watched<DeviceCommunicator> {
     inner_->synchronize(stream, what);
   }
   void abort_now() override { inner_->abort_now(); }
+  void check_errors(const std::string& what) override { inner_->check_errors(what); }
   void capturing(bool on) override {
     unwatched_ = on;
     inner_->capturing(on);

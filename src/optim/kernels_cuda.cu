@@ -68,6 +68,10 @@ __global__ void sq_final_kernel(const double* __restrict__ partial, int parts, f
   }
 }
 
+// The scalars arrive as the launch's argument: no host memory to stage or
+// keep (a copy from pageable memory may wait for the stream).
+__global__ void set_scalars_kernel(StepScalars s, StepScalars* out) { *out = s; }
+
 __global__ void scale_by_kernel(size_t n, const LossScaleState* s, float* __restrict__ x) {
   const float f = s->scale;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
@@ -161,8 +165,8 @@ class CudaKernels final : public Kernels {
     DDP_CUDA_CHECK_LAUNCH(update_scale_kernel);
   }
   const StepScalars* set_scalars(const StepScalars& s) override {
-    // From pageable memory: returns once s is staged.
-    DDP_CUDA_CHECK(cudaMemcpyAsync(scalars_, &s, sizeof s, cudaMemcpyHostToDevice, stream_));
+    set_scalars_kernel<<<1, 1, 0, stream_>>>(s, scalars_);
+    DDP_CUDA_CHECK_LAUNCH(set_scalars_kernel);
     return scalars_;
   }
 

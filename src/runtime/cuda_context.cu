@@ -97,6 +97,8 @@ void* Context::staging(size_t bytes) { return grow(stagings_[size_t(issuing_to()
 
 void* Context::grow(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.p;
+  DDP_CHECK(!capturing_, "a scratch buffer of ", s.bytes, " bytes grown to ", bytes,
+            " while the step is captured as a CUDA graph");
   // Work already queued may still use the old buffer.
   DDP_CUDA_CHECK(cudaStreamSynchronize(compute()));
   moved();
@@ -111,12 +113,14 @@ void* Context::grow(Scratch& s, size_t bytes) {
 void* Context::alloc(size_t bytes) {
   void* p = nullptr;
   if (bytes == 0) return p;
+  DDP_CHECK(!capturing_, bytes, " bytes of device memory asked for while the step is captured as a CUDA graph");
   DDP_CUDA_CHECK(cudaMallocAsync(&p, bytes, compute()));
   return p;
 }
 
 void Context::free(void* p) {
   if (!p) return;
+  DDP_CHECK(!capturing_, "device memory freed while the step is captured as a CUDA graph");
   moved();
   DDP_CUDA_CHECK(cudaFreeAsync(p, compute()));
 }

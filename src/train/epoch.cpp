@@ -40,6 +40,7 @@ bool Trainer::train_steps(Epoch& e) {
   data::Loader loader(data_.data.train, data_.sampler.indices(), data_.per_rank, /*drop_last=*/true, e.first_step);
   e.t0 = Clock::now();
   report_->start_epoch(e.index, e.first_step);
+  replica_->begin_epoch();
   data::Batch batch;
   for (;;) {
     if (trace_) {

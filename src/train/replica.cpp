@@ -48,10 +48,9 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
     device_scale_ = std::make_unique<DeviceLossScale>(*backend_, *scaler_, *optimizer_);
   // Note [step graphs]: asked for, and what the step holds allows it.
   if (backend_->step_graphs_asked()) {
-    std::string why = exact_     ? "--deterministic's steps are not captured"
-                      : scaler_  ? "--precision fp16's loss scaler decides between steps"
-                      : stats_   ? "--sync-bn's statistics are all-reduced within the step"
-                                 : backend_->step_graphs_refusal();
+    const std::string why = exact_    ? "--deterministic's steps are not captured"
+                            : scaler_ ? "--precision fp16's loss scaler decides between steps"
+                                      : backend_->step_graphs_refusal(stats_ != nullptr);
     step_graphs_ = why.empty();
     if (!step_graphs_ && backend_->comm().rank() == 0)
       std::fprintf(stderr, "ddp_train: note: --gpu-kernels next (step-graphs): each step runs as issued: %s\n",
@@ -65,7 +64,8 @@ namespace {
 
 // What the watchdog calls a replayed step's collectives.
 std::string replay_label(int64_t launches) {
-  return detail::concat("the ", launches, " all-reduces of a replayed training step (a CUDA graph)");
+  return detail::concat("the all-reduces of a replayed training step (a CUDA graph; ", launches,
+                        " gradient buckets)");
 }
 
 }  // namespace
@@ -143,6 +143,12 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
     bool drop = false;
     run = plan_.decide(key, generation, &drop);
     if (drop) {
+      // Note [step graphs]: the ranks drop their graphs together, at an
+      // epoch's start.
+      DDP_CHECK(backend_->comm().size() == 1, "rank ", backend_->comm().rank(),
+                ": device memory was freed or moved in the middle of an epoch while the training step was "
+                "replayed as a CUDA graph (--gpu-kernels next: step-graphs), where the ranks' steps could fall out "
+                "of step; --gpu-kernels next,-step-graphs runs each step as issued");
       backend_->drop_graph(key);
       captured_.erase(key);
     }
@@ -175,6 +181,18 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
   return health;
 }
 
+void Replica::begin_epoch() {
+  if (!step_graphs_) return;
+  backend_->restart_slots();
+  // Note [step graphs]: every rank keeps its graphs, or none does.
+  double stale = plan_.stale(backend_->memory_generation()) ? 1 : 0;
+  backend_->comm().allreduce_doubles(&stale, 1, /*max=*/true, "step graphs: whether a rank's are stale");
+  if (stale == 0) return;
+  for (const auto& [key, counts] : captured_) backend_->drop_graph(key);
+  captured_.clear();
+  plan_ = StepGraphPlan();
+}
+
 bool Replica::graphs_for_step() {
   if (!step_graphs_) return false;
   if (trace_ && trace_->active()) {
@@ -194,7 +212,8 @@ Replica::HostCounts Replica::host_counts() {
 void Replica::capture_step(const StepKey& key, const float* x, const int32_t* y, int batch, size_t sample, double lr,
                            StepHealth& health, const std::function<void(double&)>& lap) {
   const HostCounts before = host_counts();
-  optimizer_->stage_scalars(lr);  // outside the capture: a copy from the host
+  optimizer_->stage_scalars(lr);  // outside the capture
+  const uint64_t generation = backend_->memory_generation();
   backend_->begin_capture();
   try {
     reduced_passes(x, y, batch, sample, health, lap);
@@ -204,7 +223,10 @@ void Replica::capture_step(const StepKey& key, const float* x, const int32_t* y,
     DDP_FAIL("capturing the training step as a CUDA graph (--gpu-kernels next: step-graphs) failed: ", e.what(),
              "; --gpu-kernels next,-step-graphs runs each step as issued");
   }
-  backend_->end_capture(key);
+  backend_->end_capture(key, true);
+  DDP_CHECK(backend_->memory_generation() == generation,
+            "device memory was freed or moved while the training step was captured as a CUDA graph (--gpu-kernels "
+            "next: step-graphs); --gpu-kernels next,-step-graphs runs each step as issued");
   HostCounts d = host_counts();
   for (size_t i = 0; i < d.counters.size(); ++i) d.counters[i] -= before.counters[i];
   d.launches -= before.launches;

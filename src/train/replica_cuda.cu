@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <map>
 #include <thread>
@@ -146,7 +147,7 @@ class CudaBackend final : public Backend, public ExactBackend {
     bool idle = false;
     if (ctx_ && comm_) {
       try {
-        comm_->synchronize(ctx_->compute(), "releasing the GPU backend");
+        sync("releasing the GPU backend");
         idle = true;
       } catch (...) {
       }
@@ -213,7 +214,10 @@ class CudaBackend final : public Backend, public ExactBackend {
   }
   nn::Device& device() override { return *device_; }
   comm::Communicator& comm() override { return *comm_; }
-  void sync(const std::string& what) override { comm_->synchronize(ctx_->compute(), what); }
+  void sync(const std::string& what) override {
+    comm_->synchronize(ctx_->compute(), what);
+    complete_replays(true);
+  }
 
   // The batch into the next pinned slot, then onto the device on the copy
   // stream; the compute stream waits for it.
@@ -261,7 +265,7 @@ class CudaBackend final : public Backend, public ExactBackend {
   // The device's sums, then zeroed.
   Sums take_sums() override {
     double h[kDeviceSums];
-    comm_->synchronize(ctx_->compute(), "reading the step metrics");
+    sync("reading the step metrics");
     DDP_CUDA_CHECK(cudaMemcpy(h, sums_, sizeof h, cudaMemcpyDeviceToHost));
     DDP_CUDA_CHECK(cudaMemsetAsync(sums_, 0, sizeof h, ctx_->compute()));
     Sums s;
@@ -293,17 +297,23 @@ class CudaBackend final : public Backend, public ExactBackend {
 
   // Note [step graphs]: with --gpu-kernels next until a GPU has run it.
   bool step_graphs_asked() const override { return ctx_->next(NextKernel::StepGraphs); }
-  std::string step_graphs_refusal() const override {
-    return std::string(comm_->backend()) == "nccl" ? "" : "the mpi backend's all-reduces are the host's";
+  std::string step_graphs_refusal(bool sync_bn) const override {
+    if (std::string(comm_->backend()) != "nccl") return "the mpi backend's all-reduces are the host's";
+    if (sync_bn && !ctx_->next(NextKernel::SyncBnOnDevice))
+      return "--sync-bn's statistics go through the host without sync-bn-on-device";
+    return "";
   }
   uint64_t memory_generation() const override { return ctx_->generation(); }
+  void restart_slots() override { next_slot_ = 0; }
   // Thread-local: the watchdog's thread goes on asking its events.
   void begin_capture() override {
-    comm_->capturing(true);
     DDP_CUDA_CHECK(cudaStreamBeginCapture(ctx_->compute(), cudaStreamCaptureModeThreadLocal));
+    comm_->capturing(true);
+    ctx_->set_capturing(true);
   }
   void end_capture(const StepKey& key, bool keep) override {
     comm_->capturing(false);
+    ctx_->set_capturing(false);
     cudaGraph_t graph = nullptr;
     const cudaError_t e = cudaStreamEndCapture(ctx_->compute(), &graph);
     if (!keep || e != cudaSuccess) {
@@ -324,11 +334,14 @@ class CudaBackend final : public Backend, public ExactBackend {
     drop_graph(key);
     graphs_[key] = exec;
   }
+  // Each replay's all-reduces as one Work, completed once done (here, or
+  // at the next wait for the device), so the watchdog sees them end.
   void replay(const StepKey& key, const std::string& what, const std::string& bytes) override {
+    complete_replays(false);
     DDP_CUDA_CHECK(cudaGraphLaunch(graphs_.at(key), ctx_->compute()));
-    comm_->issued_on(ctx_->compute(), what, bytes);
+    if (auto w = comm_->issued_on(ctx_->compute(), what, bytes)) replays_.push_back(std::move(w));
   }
-  // A launch still running finishes first (cudaGraphExecDestroy).
+  // A launch in flight completes; the graph's resources go once it has.
   void drop_graph(const StepKey& key) override {
     const auto it = graphs_.find(key);
     if (it == graphs_.end()) return;
@@ -349,6 +362,14 @@ class CudaBackend final : public Backend, public ExactBackend {
   }
 
  private:
+  // Note [step graphs]: the replays' Works that are done (all: the device
+  // is known to be past them) waited for, which completes them.
+  void complete_replays(bool all) {
+    while (!replays_.empty() && (all || replays_.front()->done())) {
+      replays_.front()->wait();
+      replays_.pop_front();
+    }
+  }
   // A bounded host wait on one event: the copy stream's, which has no
   // collectives for the communicator to watch, or the compute stream's
   // flag_copied_, whose collectives the watchdog watches; the timeout
@@ -359,6 +380,7 @@ class CudaBackend final : public Backend, public ExactBackend {
       const cudaError_t e = cudaEventQuery(ev);
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) DDP_CUDA_CHECK(e);
+      comm_->check_errors(what);  // a replayed step's collectives have no other watcher on this thread
       DDP_CHECK(std::chrono::steady_clock::now() < deadline, what, ": the GPU did not finish within ",
                 comm::format_duration(comm_->timeout()), " (--timeout)");
       if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -385,6 +407,7 @@ class CudaBackend final : public Backend, public ExactBackend {
   size_t next_slot_ = 0, current_ = 0;
   bool exact_loss_ = false;  // --deterministic
   std::map<StepKey, cudaGraphExec_t> graphs_;  // Note [step graphs]
+  std::deque<std::shared_ptr<comm::Work>> replays_;  // their all-reduces, not yet seen done
 };
 
 }  // namespace

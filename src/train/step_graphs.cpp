@@ -36,6 +36,12 @@ void StepGraphPlan::done(const StepKey& key, StepRun run, uint64_t before, uint6
   }
 }
 
+bool StepGraphPlan::stale(uint64_t generation) const {
+  for (const auto& [key, e] : keys_)
+    if (e.graph && e.generation != generation) return true;
+  return false;
+}
+
 size_t StepGraphPlan::graphs() const {
   size_t n = 0;
   for (const auto& [key, e] : keys_) n += e.graph;

@@ -39,6 +39,10 @@ class DeviceCommunicator : public Communicator {
   // a CUDA graph, not run: the watchdog does not number them (their events
   // cannot be asked whether they fired).
   virtual void capturing(bool /*on*/) {}
+  // Throws ddp::Error naming `what` where the backend has seen its
+  // collectives fail (NCCL's asynchronous error): for a host that waits on
+  // the device while no call of its own would notice (replayed graphs).
+  virtual void check_errors(const std::string& /*what*/) {}
   // The work issued on `stream` so far (a replayed graph's collectives) as
   // one operation, done once the stream gets past this point: the watchdog
   // watches it as it watches an all-reduce, under `what` (of `bytes`).

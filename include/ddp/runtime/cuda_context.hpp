@@ -107,6 +107,10 @@ class Context {
   // captured at another generation may read freed memory.
   uint64_t generation() const { return generation_; }
   void moved() noexcept { ++generation_; }
+  // While set, alloc, free and a scratch buffer's growth are errors: a
+  // captured allocation would belong to the graph, and a growth waits for
+  // the stream, which a capture does not allow.
+  void set_capturing(bool on) { capturing_ = on; }
 
   // Blocks until the compute stream has finished what was issued so far.
   void sync();
@@ -173,6 +177,7 @@ class Context {
   bool channels_last_ = false;
   std::map<std::string, std::vector<int>> timed_;
   uint64_t generation_ = 0;
+  bool capturing_ = false;
 };
 
 // A device buffer of floats from a Context's pool, released on destruction.

@@ -155,19 +155,23 @@ class Backend {
 
   // Note [step graphs] (train/step_graphs.hpp): whether the run asked for
   // its steps to be captured and replayed (a GPU's --gpu-kernels next), and
-  // why this backend cannot ("" where it can).
+  // why this backend cannot, with SyncBatchNorm where sync_bn ("" where it
+  // can).
   virtual bool step_graphs_asked() const { return false; }
-  virtual std::string step_graphs_refusal() const { return "the CPU runs each step as it is issued"; }
+  virtual std::string step_graphs_refusal(bool /*sync_bn*/) const { return "the CPU runs each step as it is issued"; }
   // cuda::Context::generation: memory freed or moved so far.
   virtual uint64_t memory_generation() const { return 0; }
   // What is issued from begin_capture to end_capture on the compute stream
   // (and the streams it joins) is recorded, not run, as key's graph;
-  // end_capture throws ddp::Error where the capture failed, and
+  // end_capture(key, true) throws ddp::Error where the capture failed, and
   // end_capture(key, false) ends a capture whose step failed, keeping
-  // nothing. replay(key) runs the graph, its collectives watched as `what`
+  // nothing. Memory asked for or freed through the device while capturing
+  // is an error. replay(key) runs the graph, its collectives watched as `what`
   // of `bytes`; drop_graph(key) destroys it.
+  // restart_slots: the next batch goes to the first pinned slot.
+  virtual void restart_slots() {}
   virtual void begin_capture() {}
-  virtual void end_capture(const StepKey& /*key*/, bool /*keep*/ = true) {}
+  virtual void end_capture(const StepKey& /*key*/, bool /*keep*/) {}
   virtual void replay(const StepKey& /*key*/, const std::string& /*what*/, const std::string& /*bytes*/) {}
   virtual void drop_graph(const StepKey& /*key*/) {}
 };
@@ -236,6 +240,9 @@ class Replica {
   // train_step has reported it yet (waits for the device); a finite,
   // unskipped health otherwise, and always where the scale is the host's.
   StepHealth settle();
+  // Called at the start of each training epoch, on every rank (collective
+  // where steps are replayed as CUDA graphs: Note [step graphs]).
+  void begin_epoch();
   // The parts of the last train_step's time.
   const StepTimes& step_times() const { return times_; }
   // The step's parts, each op and each bucket's all-reduce as spans of

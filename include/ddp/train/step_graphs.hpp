@@ -26,14 +26,26 @@
 //  - What the host keeps of a step: the BatchNorm counters, the optimizer's
 //    and the reducer's counts and the step's sums are advanced by what the
 //    captured step advanced them by (Replica).
+//  - What every rank does. NCCL asks that a collective be captured on every
+//    rank or on none, and each rank's graph be replayed with its peers'. The
+//    ranks' steps are alike (the same shapes, in the same slots: each
+//    training epoch starts at the first slot, Backend::restart_slots), so
+//    their plans agree, but an evaluation's last batch differs between
+//    ranks and may move memory on some: at each epoch's start the ranks
+//    agree (a host all-reduce) and every rank drops its graphs where one
+//    holds a stale graph. Memory that moves on one rank in the middle of an
+//    epoch while its graphs are held is an error at several ranks.
 //
 // What a replay cannot do runs as issued, said once on rank 0 at the first
 // step it applies to: the trace's window (its spans are the host's
-// launches), --deterministic, --precision fp16's loss scaler, SyncBatchNorm,
-// the staged mpi backend (its all-reduces are the host's). A capture that
+// launches), --deterministic, --precision fp16's loss scaler, the staged
+// mpi backend (its all-reduces are the host's), and SyncBatchNorm unless
+// its sums stay on the device (sync-bn-on-device). A capture that
 // fails ends the job with cuDNN's or CUDA's words and the flag that leaves
 // graphs out (--gpu-kernels next,-step-graphs): a rank that went on as issued
-// could have its NCCL calls out of step with its peers'.
+// could have its NCCL calls out of step with its peers'. Memory asked for or
+// freed through the context while a step is captured is an error
+// (cuda::Context::set_capturing): a graph's allocation would outlive it.
 #pragma once
 
 #include <cstddef>
@@ -68,8 +80,9 @@ class StepGraphPlan {
   // A capture whose generation changed while it was captured is dropped at
   // its first decide (it is stale).
   void done(const StepKey& key, StepRun run, uint64_t before, uint64_t after);
-  // The graphs held now.
+  // The graphs held now, and whether one of them is stale at `generation`.
   size_t graphs() const;
+  bool stale(uint64_t generation) const;
 
  private:
   struct Entry {

@@ -81,6 +81,24 @@ TEST(StepGraphPlan, MemoryFreedOrMovedMakesEveryGraphStaleUntilCapturedAgain) {
   EXPECT_EQ(step(plan, kSlot0, gen), StepRun::kReplay);
 }
 
+// What the ranks agree on at an epoch's start (Replica::begin_epoch): a
+// rank whose evaluation moved memory holds a stale graph, one whose did not
+// holds none.
+TEST(StepGraphPlan, AGraphIsStaleOnceMemoryMovedSinceItsCapture) {
+  StepGraphPlan plan;
+  uint64_t gen = 0;
+  EXPECT_FALSE(plan.stale(gen)) << "no graph";
+  for (int i = 0; i < StepGraphPlan::kWarmup; ++i) step(plan, kSlot0, gen);
+  ASSERT_EQ(step(plan, kSlot0, gen), StepRun::kCapture);
+  EXPECT_FALSE(plan.stale(gen));
+  EXPECT_TRUE(plan.stale(gen + 1));
+  ++gen;
+  bool dropped = false;
+  step(plan, kSlot0, gen, false, &dropped);
+  EXPECT_TRUE(dropped);
+  EXPECT_FALSE(plan.stale(gen)) << "dropped";
+}
+
 TEST(StepGraphPlan, AStepThatAllocatesIsNotCapturedAndACaptureThatDidIsNeverReplayed) {
   StepGraphPlan plan;
   uint64_t gen = 0;
