@@ -266,7 +266,7 @@ run | learn | bench | nccl | profile)
   check GpuTraining "$dir/bin/test_cli" --gtest_filter="GpuTraining.*:-$learning"
   # Whole runs of the kernels not yet proven over NCCL ranks sharing the GPU.
   check NcclOnOneGpu-next "$dir/bin/test_cli" \
-    --gtest_filter='On/DeterministicNext.*:On/SyncBatchNorm.*/nccl_on_one_gpu'
+    --gtest_filter='On/DeterministicNext.*:On/SyncBatchNorm.*/nccl_on_one_gpu:On/StepGraphs.*'
   exit $status
   ;;
 all)
