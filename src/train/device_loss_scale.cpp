@@ -30,8 +30,20 @@ void DeviceLossScale::catch_up() {
 void DeviceLossScale::step(double lr, float* p, const float* g, size_t n, StepHealth& health) {
   const unsigned* found = kernels_.non_finite(g, n);
   // The previous step's outcome, before this step's count is taken.
+  before_step(health);
+  finish(lr, p, g, found);
+}
+
+void DeviceLossScale::before_step(StepHealth& health) {
   catch_up();
   report(health, 1);
+}
+
+void DeviceLossScale::issue(double lr, float* p, const float* g, size_t n) {
+  finish(lr, p, g, kernels_.non_finite(g, n));
+}
+
+void DeviceLossScale::finish(double lr, float* p, const float* g, const unsigned* found) {
   optimizer_.step(lr, p, g, kernels_.loss_scale(), found);
   kernels_.update_loss_scale(found, host_.options());
   backend_.flag_to_host(found);

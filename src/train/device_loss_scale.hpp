@@ -46,6 +46,12 @@ class DeviceLossScale {
   // step's outcome into health (steps_ago 1), the update (left undone on the
   // device where the check failed), the scale moved on the device.
   void step(double lr, float* p, const float* g, size_t n, StepHealth& health);
+  // Note [step graphs]: step() in two, the host's part (the previous step's
+  // outcome into health) before a captured optimizer runs, the device's
+  // part captured; replayed(): the captured part ran again.
+  void before_step(StepHealth& health);
+  void issue(double lr, float* p, const float* g, size_t n);
+  void replayed() { in_flight_ = true; }
   // The host's state made the device's: the last step's outcome read
   // (waiting for the device) and kept for settle() or the next step to report.
   void catch_up();
@@ -56,6 +62,8 @@ class DeviceLossScale {
  private:
   // The unreported outcome into h, as of steps_ago steps before.
   void report(StepHealth& h, int steps_ago);
+  // The step on the device once found holds its check.
+  void finish(double lr, float* p, const float* g, const unsigned* found);
   Backend& backend_;
   optim::Kernels& kernels_;
   optim::GradScaler& host_;

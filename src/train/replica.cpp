@@ -48,9 +48,11 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
     device_scale_ = std::make_unique<DeviceLossScale>(*backend_, *scaler_, *optimizer_);
   // Note [step graphs]: asked for, and what the step holds allows it.
   if (backend_->step_graphs_asked()) {
-    const std::string why = exact_    ? "--deterministic's steps are not captured"
-                            : scaler_ ? "--precision fp16's loss scaler decides between steps"
-                                      : backend_->step_graphs_refusal(stats_ != nullptr);
+    const std::string why =
+        exact_                       ? "--deterministic's steps are not captured"
+        : scaler_ && !device_scale_ ? "--precision fp16's loss scaler looks at the gradients on the host "
+                                      "(loss-scale-on-device left out)"
+                                    : backend_->step_graphs_refusal(stats_ != nullptr);
     step_graphs_ = why.empty();
     if (!step_graphs_ && backend_->comm().rank() == 0)
       std::fprintf(stderr, "ddp_train: note: --gpu-kernels next (step-graphs): each step runs as issued: %s\n",
@@ -149,8 +151,7 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
                 ": device memory was freed or moved in the middle of an epoch while the training step was "
                 "replayed as a CUDA graph (--gpu-kernels next: step-graphs), where the ranks' steps could fall out "
                 "of step; --gpu-kernels next,-step-graphs runs each step as issued");
-      backend_->drop_graph(key);
-      captured_.erase(key);
+      drop_graphs(key);
     }
   }
   if (exact_) {
@@ -160,8 +161,8 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
   } else if (run == StepRun::kCapture) {
     capture_step(key, x, y, b.size, sample, lr, health, lap);
   } else if (run == StepRun::kReplay) {
-    replay_step(key, lr);
-    lap(times_.forward);  // the replay's launch
+    replay_step(key, lr, health);
+    lap(times_.forward);  // the replays' launches
   } else {
     reduced_passes(x, y, b.size, sample, health, lap);
   }
@@ -188,9 +189,15 @@ void Replica::begin_epoch() {
   double stale = plan_.stale(backend_->memory_generation()) ? 1 : 0;
   backend_->comm().allreduce_doubles(&stale, 1, /*max=*/true, "step graphs: whether a rank's are stale");
   if (stale == 0) return;
-  for (const auto& [key, counts] : captured_) backend_->drop_graph(key);
-  captured_.clear();
+  while (!captured_.empty()) drop_graphs(captured_.begin()->first);
   plan_ = StepGraphPlan();
+}
+
+void Replica::drop_graphs(StepKey key) {
+  captured_.erase(key);
+  backend_->drop_graph(key);
+  key.part = 1;
+  backend_->drop_graph(key);
 }
 
 bool Replica::graphs_for_step() {
@@ -209,44 +216,66 @@ Replica::HostCounts Replica::host_counts() {
   return {model_->counters(), reducer_->launches(), reducer_->launched_bytes()};
 }
 
-void Replica::capture_step(const StepKey& key, const float* x, const int32_t* y, int batch, size_t sample, double lr,
-                           StepHealth& health, const std::function<void(double&)>& lap) {
-  const HostCounts before = host_counts();
-  optimizer_->stage_scalars(lr);  // outside the capture
-  const uint64_t generation = backend_->memory_generation();
+void Replica::capture(const StepKey& key, const std::function<void()>& issue) {
   backend_->begin_capture();
   try {
-    reduced_passes(x, y, batch, sample, health, lap);
-    checked_step(lr, health);
+    issue();
   } catch (const std::exception& e) {
     backend_->end_capture(key, false);
     DDP_FAIL("capturing the training step as a CUDA graph (--gpu-kernels next: step-graphs) failed: ", e.what(),
              "; --gpu-kernels next,-step-graphs runs each step as issued");
   }
   backend_->end_capture(key, true);
-  DDP_CHECK(backend_->memory_generation() == generation,
-            "device memory was freed or moved while the training step was captured as a CUDA graph (--gpu-kernels "
-            "next: step-graphs); --gpu-kernels next,-step-graphs runs each step as issued");
+}
+
+void Replica::before_optimizer(double lr, StepHealth& health) {
+  if (device_scale_) device_scale_->before_step(health);  // may take the last step back
+  optimizer_->stage_scalars(lr);
+}
+
+void Replica::capture_step(const StepKey& key, const float* x, const int32_t* y, int batch, size_t sample, double lr,
+                           StepHealth& health, const std::function<void(double&)>& lap) {
+  const HostCounts before = host_counts();
+  const uint64_t generation = backend_->memory_generation();
+  capture(key, [&] { reduced_passes(x, y, batch, sample, health, lap); });
   HostCounts d = host_counts();
   for (size_t i = 0; i < d.counters.size(); ++i) d.counters[i] -= before.counters[i];
   d.launches -= before.launches;
   d.bytes -= before.bytes;
+  // Captured, not run: the passes run now, then the host's turn, then the
+  // optimizer's part, captured and run the same way.
+  backend_->replay(key, replay_label(d.launches), comm::format_bytes(size_t(d.bytes)));
   captured_[key] = std::move(d);
+  before_optimizer(lr, health);
+  StepKey optimizer = key;
+  optimizer.part = 1;
+  capture(optimizer, [&] {
+    if (device_scale_)
+      device_scale_->issue(lr, model_->params(), model_->grads(), model_->num_params());
+    else
+      checked_step(lr, health);
+  });
+  backend_->replay(optimizer, "", "");
+  DDP_CHECK(backend_->memory_generation() == generation,
+            "device memory was freed or moved while the training step was captured as a CUDA graph (--gpu-kernels "
+            "next: step-graphs); --gpu-kernels next,-step-graphs runs each step as issued");
   if (!capture_said_ && backend_->comm().rank() == 0)
     std::fprintf(stderr, "ddp_train: note: --gpu-kernels next (step-graphs): the step of %d samples captured as a "
                          "CUDA graph once its first steps ran as issued, and replayed from here on (a step of another "
                          "shape, or after memory moved, is captured again)\n",
                  batch);
   capture_said_ = true;
-  // Captured, not run: the step runs now.
-  backend_->replay(key, replay_label(captured_[key].launches), comm::format_bytes(size_t(captured_[key].bytes)));
 }
 
-void Replica::replay_step(const StepKey& key, double lr) {
+void Replica::replay_step(const StepKey& key, double lr, StepHealth& health) {
   const HostCounts& d = captured_.at(key);
-  optimizer_->stage_scalars(lr);
   backend_->replay(key, replay_label(d.launches), comm::format_bytes(size_t(d.bytes)));
+  before_optimizer(lr, health);
+  StepKey optimizer = key;
+  optimizer.part = 1;
+  backend_->replay(optimizer, "", "");
   optimizer_->replayed();
+  if (device_scale_) device_scale_->replayed();
   std::vector<int64_t>& counters = model_->counters();
   for (size_t i = 0; i < counters.size(); ++i) counters[i] += d.counters[i];
   reducer_->replayed(d.launches, d.bytes);

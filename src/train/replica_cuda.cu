@@ -339,6 +339,7 @@ class CudaBackend final : public Backend, public ExactBackend {
   void replay(const StepKey& key, const std::string& what, const std::string& bytes) override {
     complete_replays(false);
     DDP_CUDA_CHECK(cudaGraphLaunch(graphs_.at(key), ctx_->compute()));
+    if (what.empty()) return;
     if (auto w = comm_->issued_on(ctx_->compute(), what, bytes)) replays_.push_back(std::move(w));
   }
   // A launch in flight completes; the graph's resources go once it has.
@@ -352,9 +353,12 @@ class CudaBackend final : public Backend, public ExactBackend {
   // Note [loss scale on the device]: with --gpu-kernels next until a GPU has
   // run it.
   bool loss_scale_on_device() const override { return ctx_->next(NextKernel::LossScaleOnDevice); }
+  // Note [step graphs]: in a captured step the event is recorded as the
+  // graph runs (an external record), so the host can wait for it.
   void flag_to_host(const unsigned* flag) override {
     DDP_CUDA_CHECK(cudaMemcpyAsync(flag_host_, flag, sizeof(unsigned), cudaMemcpyDeviceToHost, ctx_->compute()));
-    DDP_CUDA_CHECK(cudaEventRecord(flag_copied_, ctx_->compute()));
+    DDP_CUDA_CHECK(cudaEventRecordWithFlags(flag_copied_, ctx_->compute(),
+                                            ctx_->capturing() ? cudaEventRecordExternal : cudaEventRecordDefault));
   }
   bool flag_on_host(const std::string& what) override {
     wait_event(flag_copied_, what.c_str());

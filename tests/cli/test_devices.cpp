@@ -391,39 +391,53 @@ TEST_F(GpuTraining, Fp16LossScaleOnTheDeviceSkipsAsTheHostDoes) {
 }
 
 // Note [step graphs]: with step-graphs each steady step is captured once as
-// a CUDA graph and replayed. ResNet-18 (BatchNorm's counters kept on the
+// CUDA graphs and replayed. ResNet-18 (BatchNorm's counters kept on the
 // host), AdamW with clipping and a cosine schedule (a learning rate and bias
 // corrections of its own every step), an evaluation each epoch whose last
-// batch is partial: the run trains as the steps as issued do, bit for bit
+// batch is partial; and LeNet in fp16 from a loss scale that overflows, its
+// scaler on the device skipping steps (taken back on the host between a
+// step's two graphs). Each trains as its steps as issued do, bit for bit
 // where two runs as issued agree bit for bit (cuDNN's algorithms), else
-// within float's reach; the counters exactly.
+// within float's reach; the counters and skipped steps exactly.
 TEST_F(GpuTraining, StepGraphsTrainAsTheStepsAsIssued) {
   const std::string dir = make_temp_dir();
-  const std::string args = "--model resnet18 --synthetic 1300 --epochs 2 --batch-size 64 --optimizer adamw "
-                           "--lr 0.003 --lr-schedule cosine --weight-decay 0.01 --clip-grad-norm 1.0 --seed 5 "
-                           "--device cuda --quiet --gpu-kernels ";
-  for (const char* run : {"issued", "again", "graphs"}) {
-    const std::string kernels = std::string(run) == "graphs" ? "next" : "next,-step-graphs";
-    auto r = run_ddp_train(1, args + kernels + " --output-model " + dir + "/" + run);
-    ASSERT_EQ(r.status, 0) << r.err;
-    EXPECT_EQ(r.err.find("captured as a CUDA graph") != std::string::npos, kernels == "next") << r.err;
+  const std::string resnet = "--model resnet18 --synthetic 1300 --epochs 2 --batch-size 64 --optimizer adamw "
+                             "--lr 0.003 --lr-schedule cosine --weight-decay 0.01 --clip-grad-norm 1.0 --seed 5";
+  const std::string fp16 = "--synthetic 2048 --epochs 2 --batch-size 128 --lr 0.1 --momentum 0.9 --seed 5 "
+                           "--precision fp16 --init-scale 1073741824";
+  for (const std::string& args : {resnet, fp16}) {
+    SCOPED_TRACE(args);
+    std::map<std::string, int64_t> skipped;
+    for (const char* run : {"issued", "again", "graphs"}) {
+      const std::string kernels = std::string(run) == "graphs" ? "next" : "next,-step-graphs";
+      const std::string at = dir + "/" + run;
+      auto r = run_ddp_train(1, args + " --device cuda --quiet --gpu-kernels " + kernels + " --output-model " + at +
+                                    " --metrics-out " + at + ".jsonl");
+      ASSERT_EQ(r.status, 0) << r.err;
+      EXPECT_EQ(r.err.find("captured as a CUDA graph") != std::string::npos, kernels == "next") << r.err;
+      for (const auto& line : lines_of(read_text(at + ".jsonl"))) {
+        const json e = json::parse(line);
+        if (e.contains("skipped_steps")) skipped[run] += e["skipped_steps"].get<int64_t>();
+      }
+    }
+    EXPECT_EQ(skipped["graphs"], skipped["issued"]);
+    if (args == fp16) {
+      EXPECT_GE(skipped["issued"], 5) << "the overflowing scale skips steps";
+    }
+    const auto issued = checkpoint::read_safetensors(dir + "/issued");
+    const auto again = checkpoint::read_safetensors(dir + "/again");
+    const auto graphs = checkpoint::read_safetensors(dir + "/graphs");
+    for (const checkpoint::Tensor& t : issued.tensors) {
+      if (t.dtype != checkpoint::Dtype::I64) continue;
+      const checkpoint::Tensor* g = graphs.find(t.name);
+      ASSERT_NE(g, nullptr) << t.name;
+      EXPECT_EQ(g->ints, t.ints) << t.name;
+    }
+    if (max_rel_diff(issued, again) == 0)
+      expect_bitwise_equal(issued, graphs);
+    else
+      EXPECT_LE(max_rel_diff(issued, graphs), 1e-3);
   }
-  const auto issued = checkpoint::read_safetensors(dir + "/issued");
-  const auto again = checkpoint::read_safetensors(dir + "/again");
-  const auto graphs = checkpoint::read_safetensors(dir + "/graphs");
-  int counters = 0;
-  for (const checkpoint::Tensor& t : issued.tensors) {
-    if (t.dtype != checkpoint::Dtype::I64) continue;
-    ++counters;
-    const checkpoint::Tensor* g = graphs.find(t.name);
-    ASSERT_NE(g, nullptr) << t.name;
-    EXPECT_EQ(g->ints, t.ints) << t.name;
-  }
-  EXPECT_GT(counters, 0) << "ResNet-18's BatchNorm counters";
-  if (max_rel_diff(issued, again) == 0)
-    expect_bitwise_equal(issued, graphs);
-  else
-    EXPECT_LE(max_rel_diff(issued, graphs), 1e-3);
   remove_tree(dir);
 }
 

@@ -167,7 +167,7 @@ class Backend {
   // end_capture(key, false) ends a capture whose step failed, keeping
   // nothing. Memory asked for or freed through the device while capturing
   // is an error. replay(key) runs the graph, its collectives watched as `what`
-  // of `bytes`; drop_graph(key) destroys it.
+  // of `bytes` (none: ""); drop_graph(key) destroys it.
   // restart_slots: the next batch goes to the first pinned slot.
   virtual void restart_slots() {}
   virtual void begin_capture() {}
@@ -294,7 +294,14 @@ class Replica {
   bool graphs_for_step();
   void capture_step(const StepKey& key, const float* x, const int32_t* y, int batch, size_t sample, double lr,
                     StepHealth& health, const std::function<void(double&)>& lap);
-  void replay_step(const StepKey& key, double lr);
+  void replay_step(const StepKey& key, double lr, StepHealth& health);
+  // What `issue` issues captured as key's graph (a failure is an error
+  // naming the flag that leaves graphs out); the host's turn between a
+  // step's passes and its optimizer (fp16's last outcome, the scalars);
+  // both of key's graphs dropped.
+  void capture(const StepKey& key, const std::function<void()>& issue);
+  void before_optimizer(double lr, StepHealth& health);
+  void drop_graphs(StepKey key);
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Stats> stats_;
   std::unique_ptr<nn::Model> model_;

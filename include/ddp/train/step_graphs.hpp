@@ -22,7 +22,14 @@
 //    issued, the last of them without a change of generation.
 //  - The learning rate and the optimizer's step count, which change every
 //    step: the optimizer's kernels read them from the device's memory,
-//    written before each replay (Optimizer::stage_scalars).
+//    written before each replay (Optimizer::stage_scalars). A step is two
+//    graphs, its passes (forward, loss, backward with the all-reduces) and
+//    its optimizer, and the host takes its turn between them while the
+//    passes run: the scalars, and with --precision fp16's loss scale on the
+//    device the last step's outcome (a skipped step is taken back before
+//    this one's count is staged; Note [loss scale on the device]), whose
+//    flag the captured optimizer copies out with an event recorded as the
+//    graph runs (an external record).
 //  - What the host keeps of a step: the BatchNorm counters, the optimizer's
 //    and the reducer's counts and the step's sums are advanced by what the
 //    captured step advanced them by (Replica).
@@ -38,9 +45,10 @@
 //
 // What a replay cannot do runs as issued, said once on rank 0 at the first
 // step it applies to: the trace's window (its spans are the host's
-// launches), --deterministic, --precision fp16's loss scaler, the staged
-// mpi backend (its all-reduces are the host's), and SyncBatchNorm unless
-// its sums stay on the device (sync-bn-on-device). A capture that
+// launches), --deterministic, --precision fp16's loss scaler on the host
+// (without loss-scale-on-device), the staged mpi backend (its all-reduces
+// are the host's), and SyncBatchNorm unless its sums stay on the device
+// (sync-bn-on-device). A capture that
 // fails ends the job with cuDNN's or CUDA's words and the flag that leaves
 // graphs out (--gpu-kernels next,-step-graphs): a rank that went on as issued
 // could have its NCCL calls out of step with its peers'. Memory asked for or
@@ -55,11 +63,16 @@
 
 namespace ddp::train {
 
+// A step's graphs: its passes (part 0: forward, loss, backward with the
+// all-reduces) and its optimizer (part 1), the host's turn between them.
 struct StepKey {
   const void* x = nullptr;
   const void* y = nullptr;
   int batch = 0;
-  bool operator<(const StepKey& o) const { return std::tie(x, y, batch) < std::tie(o.x, o.y, o.batch); }
+  int part = 0;
+  bool operator<(const StepKey& o) const {
+    return std::tie(x, y, batch, part) < std::tie(o.x, o.y, o.batch, o.part);
+  }
 };
 
 enum class StepRun { kIssue, kCapture, kReplay };
