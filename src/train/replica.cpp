@@ -162,7 +162,7 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
     capture_step(key, x, y, b.size, sample, lr, health, lap);
   } else if (run == StepRun::kReplay) {
     replay_step(key, lr, health);
-    lap(times_.forward);  // the replays' launches
+    lap(times_.forward);  // the replays' launches, and the host's turn between them
   } else {
     reduced_passes(x, y, b.size, sample, health, lap);
   }
@@ -237,7 +237,13 @@ void Replica::capture_step(const StepKey& key, const float* x, const int32_t* y,
                            StepHealth& health, const std::function<void(double&)>& lap) {
   const HostCounts before = host_counts();
   const uint64_t generation = backend_->memory_generation();
+  const auto unmoved = [&] {
+    DDP_CHECK(backend_->memory_generation() == generation,
+              "device memory was freed or moved while the training step was captured as a CUDA graph "
+              "(--gpu-kernels next: step-graphs); --gpu-kernels next,-step-graphs runs each step as issued");
+  };
   capture(key, [&] { reduced_passes(x, y, batch, sample, health, lap); });
+  unmoved();
   HostCounts d = host_counts();
   for (size_t i = 0; i < d.counters.size(); ++i) d.counters[i] -= before.counters[i];
   d.launches -= before.launches;
@@ -255,10 +261,8 @@ void Replica::capture_step(const StepKey& key, const float* x, const int32_t* y,
     else
       checked_step(lr, health);
   });
+  unmoved();
   backend_->replay(optimizer, "", "");
-  DDP_CHECK(backend_->memory_generation() == generation,
-            "device memory was freed or moved while the training step was captured as a CUDA graph (--gpu-kernels "
-            "next: step-graphs); --gpu-kernels next,-step-graphs runs each step as issued");
   if (!capture_said_ && backend_->comm().rank() == 0)
     std::fprintf(stderr, "ddp_train: note: --gpu-kernels next (step-graphs): the step of %d samples captured as a "
                          "CUDA graph once its first steps ran as issued, and replayed from here on (a step of another "

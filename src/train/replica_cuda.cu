@@ -357,8 +357,11 @@ class CudaBackend final : public Backend, public ExactBackend {
   // graph runs (an external record), so the host can wait for it.
   void flag_to_host(const unsigned* flag) override {
     DDP_CUDA_CHECK(cudaMemcpyAsync(flag_host_, flag, sizeof(unsigned), cudaMemcpyDeviceToHost, ctx_->compute()));
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    DDP_CUDA_CHECK(cudaStreamIsCapturing(ctx_->compute(), &capture));
     DDP_CUDA_CHECK(cudaEventRecordWithFlags(flag_copied_, ctx_->compute(),
-                                            ctx_->capturing() ? cudaEventRecordExternal : cudaEventRecordDefault));
+                                            capture == cudaStreamCaptureStatusActive ? cudaEventRecordExternal
+                                                                                     : cudaEventRecordDefault));
   }
   bool flag_on_host(const std::string& what) override {
     wait_event(flag_copied_, what.c_str());

@@ -111,7 +111,6 @@ class Context {
   // captured allocation would belong to the graph, and a growth waits for
   // the stream, which a capture does not allow.
   void set_capturing(bool on) { capturing_ = on; }
-  bool capturing() const { return capturing_; }
 
   // Blocks until the compute stream has finished what was issued so far.
   void sync();
