@@ -43,15 +43,15 @@
 //    holds a stale graph. Memory that moves on one rank in the middle of an
 //    epoch while its graphs are held is an error at several ranks.
 //
-// What a replay cannot do runs as issued, said once on rank 0 at the first
-// step it applies to: the trace's window (its spans are the host's
-// launches), --deterministic, --precision fp16's loss scaler on the host
-// (without loss-scale-on-device), the staged mpi backend (its all-reduces
-// are the host's), and SyncBatchNorm unless its sums stay on the device
-// (sync-bn-on-device). A capture that
-// fails ends the job with cuDNN's or CUDA's words and the flag that leaves
-// graphs out (--gpu-kernels next,-step-graphs): a rank that went on as issued
-// could have its NCCL calls out of step with its peers'. Memory asked for or
+// What a replay cannot do runs as issued, said once on rank 0 (at start-up;
+// the trace's window at its first step): the trace's window (its spans are
+// the host's launches), --deterministic, --precision fp16's loss scaler on
+// the host (without loss-scale-on-device), the staged mpi backend (its
+// all-reduces are the host's), and SyncBatchNorm unless its sums stay on
+// the device (sync-bn-on-device). A capture that fails ends the job with
+// cuDNN's or CUDA's words and the flag that leaves graphs out
+// (--gpu-kernels next,-step-graphs): a rank that went on as issued could
+// have its NCCL calls out of step with its peers'. Memory asked for or
 // freed through the context while a step is captured is an error
 // (cuda::Context::set_capturing): a graph's allocation would outlive it.
 #pragma once
