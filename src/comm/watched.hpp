@@ -226,8 +226,13 @@ class Watched : public Base {
     }
     return watched(seq, std::move(w));
   }
+  // A null Work: nothing in flight, complete at once.
   std::shared_ptr<Work> watched(uint64_t seq, std::shared_ptr<Work> w) {
     if (seq == 0) return w;
+    if (!w) {
+      tracker_->complete(seq);
+      return w;
+    }
     tracker_->attach(seq, w);
     return std::make_shared<WatchedWork>(std::move(w), tracker_, seq);
   }

@@ -27,15 +27,7 @@ class WatchedDevice final : public Watched<DeviceCommunicator> {
   // Watched as an all-reduce is, and completed by the watchdog's thread when
   // it sees it done (nothing waits for it).
   std::shared_ptr<Work> issued_on(cudaStream_t stream, std::string what, const std::string& bytes) override {
-    const uint64_t seq = enter("all-reduce", what, bytes);
-    std::shared_ptr<Work> w;
-    {
-      Tracker::Nested inside;
-      w = inner_->issued_on(stream, what, bytes);
-    }
-    if (w) return watched(seq, std::move(w));
-    tracker_->complete(seq);
-    return nullptr;
+    return watched_async(what, bytes, [&] { return inner_->issued_on(stream, what, bytes); });
   }
 };
 

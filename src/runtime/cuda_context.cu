@@ -183,11 +183,12 @@ void Context::warn_once(const std::string& key, const std::string& what) {
 
 DeviceBuffer::DeviceBuffer(Context& ctx, size_t count) { reserve(ctx, count); }
 
-DeviceBuffer::~DeviceBuffer() {
-  if (ctx_ && data_) {
-    ctx_->moved();
-    cudaFreeAsync(data_, ctx_->compute());
-  }
+DeviceBuffer::~DeviceBuffer() { release(); }
+
+void DeviceBuffer::release() noexcept {
+  if (!ctx_ || !data_) return;
+  ctx_->moved();
+  cudaFreeAsync(data_, ctx_->compute());
 }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
@@ -195,10 +196,7 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
-    if (ctx_ && data_) {
-      ctx_->moved();
-      cudaFreeAsync(data_, ctx_->compute());
-    }
+    release();
     ctx_ = std::exchange(o.ctx_, nullptr);
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);

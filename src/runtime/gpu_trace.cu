@@ -57,8 +57,7 @@ struct GpuTracer::Cupti {
   // which may still call into it until the process ends.
   ~Cupti() {
     stop();
-    std::lock_guard<std::mutex> lock(g_mutex);
-    if (active == this) active = nullptr;
+    detach();
   }
   void stop() {
     if (!enabled) return;
@@ -67,6 +66,10 @@ struct GpuTracer::Cupti {
     flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     size_t n = 0;
     if (dropped && dropped(nullptr, 0, &n) == CUPTI_SUCCESS) recorded.dropped += n;
+    detach();
+  }
+  // The completion callback no longer reads into this one's records.
+  void detach() {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (active == this) active = nullptr;
   }
@@ -195,8 +198,7 @@ std::unique_ptr<GpuTracer> GpuTracer::start(std::string* why) {
   }
   const auto refused = [&](const std::string& what) {
     *why = what + " (CUptiResult " + std::to_string(int(e)) + ")";
-    std::lock_guard<std::mutex> lock(g_mutex);
-    if (Cupti::active == c.get()) Cupti::active = nullptr;
+    c->detach();
     return nullptr;
   };
   if (e != CUPTI_SUCCESS) return refused("CUPTI's clock could not be read");

@@ -64,6 +64,12 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
 
 namespace {
 
+// Key's second graph: its optimizer (StepKey).
+StepKey optimizer_part(StepKey key) {
+  key.part = 1;
+  return key;
+}
+
 // What the watchdog calls a replayed step's collectives.
 std::string replay_label(int64_t launches) {
   return detail::concat("the all-reduces of a replayed training step (a CUDA graph; ", launches,
@@ -139,7 +145,7 @@ StepHealth Replica::train_step(const data::Batch& b, double lr) {
   const StepKey key{x, y, b.size};
   StepRun run = StepRun::kIssue;
   uint64_t generation = 0;
-  const bool graphed = !exact_ && graphs_for_step();
+  const bool graphed = graphs_for_step();  // never under --deterministic
   if (graphed) {
     generation = backend_->memory_generation();
     bool drop = false;
@@ -189,15 +195,14 @@ void Replica::begin_epoch() {
   double stale = plan_.stale(backend_->memory_generation()) ? 1 : 0;
   backend_->comm().allreduce_doubles(&stale, 1, /*max=*/true, "step graphs: whether a rank's are stale");
   if (stale == 0) return;
-  while (!captured_.empty()) drop_graphs(captured_.begin()->first);
+  while (!captured_.empty()) drop_graphs(StepKey(captured_.begin()->first));  // a copy: erased there
   plan_ = StepGraphPlan();
 }
 
-void Replica::drop_graphs(StepKey key) {
+void Replica::drop_graphs(const StepKey& key) {
   captured_.erase(key);
   backend_->drop_graph(key);
-  key.part = 1;
-  backend_->drop_graph(key);
+  backend_->drop_graph(optimizer_part(key));
 }
 
 bool Replica::graphs_for_step() {
@@ -253,8 +258,7 @@ void Replica::capture_step(const StepKey& key, const float* x, const int32_t* y,
   backend_->replay(key, replay_label(d.launches), comm::format_bytes(size_t(d.bytes)));
   captured_[key] = std::move(d);
   before_optimizer(lr, health);
-  StepKey optimizer = key;
-  optimizer.part = 1;
+  const StepKey optimizer = optimizer_part(key);
   capture(optimizer, [&] {
     if (device_scale_)
       device_scale_->issue(lr, model_->params(), model_->grads(), model_->num_params());
@@ -275,9 +279,7 @@ void Replica::replay_step(const StepKey& key, double lr, StepHealth& health) {
   const HostCounts& d = captured_.at(key);
   backend_->replay(key, replay_label(d.launches), comm::format_bytes(size_t(d.bytes)));
   before_optimizer(lr, health);
-  StepKey optimizer = key;
-  optimizer.part = 1;
-  backend_->replay(optimizer, "", "");
+  backend_->replay(optimizer_part(key), "", "");
   optimizer_->replayed();
   if (device_scale_) device_scale_->replayed();
   std::vector<int64_t>& counters = model_->counters();

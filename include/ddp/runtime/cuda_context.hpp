@@ -134,7 +134,6 @@ class Context {
   void set_gpu_kernels(GpuKernels k) { kernels_ = k; }
   void set_next_kernels(bool on) { kernels_ = on ? GpuKernels::next() : GpuKernels::proven(); }
   bool next(NextKernel k) const { return kernels_.on(k); }
-  const GpuKernels& gpu_kernels() const { return kernels_; }
   // --channels-last: graphs that allow it run NHWC on this device (Note
   // [channels last], nn/layout.hpp).
   void set_channels_last(bool on) { channels_last_ = on; }
@@ -197,6 +196,8 @@ class DeviceBuffer {
   void reserve(Context& ctx, size_t count);
 
  private:
+  // The memory back to the pool, counted as moved (Context::generation).
+  void release() noexcept;
   Context* ctx_ = nullptr;
   float* data_ = nullptr;
   size_t size_ = 0;

@@ -301,7 +301,7 @@ class Replica {
   // both of key's graphs dropped.
   void capture(const StepKey& key, const std::function<void()>& issue);
   void before_optimizer(double lr, StepHealth& health);
-  void drop_graphs(StepKey key);
+  void drop_graphs(const StepKey& key);
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Stats> stats_;
   std::unique_ptr<nn::Model> model_;
