@@ -16,13 +16,12 @@ bool checkable_in_runs(nn::OpKind kind) {
     case nn::OpKind::Add:
     case nn::OpKind::AvgPool2d:
     case nn::OpKind::GlobalAvgPool:
-    case nn::OpKind::Flatten: return true;
+    case nn::OpKind::Flatten:
+    case nn::OpKind::Linear: return true;
     // BatchNorm's statistics are the batch's; the fused LeNet layer keeps
-    // its ReLU mask per image; Linear's run call would still write its bias
-    // gradient (and it is one small call).
+    // its ReLU mask per image.
     case nn::OpKind::ConvReluPool:
-    case nn::OpKind::BatchNorm2d:
-    case nn::OpKind::Linear: return false;
+    case nn::OpKind::BatchNorm2d: return false;
   }
   return false;
 }

@@ -6,14 +6,15 @@
 // calls every op but BatchNorm once per micro-shard (Note [micro-shards] in
 // deterministic/shards.hpp): 16 small calls where the plain run makes one,
 // which leaves most of a GPU idle. An op whose every sample's output and
-// input gradient come from that sample alone (a convolution, ReLU, the
-// residual add, pooling, flatten) could take all of them in one call (Note
-// [shard runs]), if its kernel gives each sample the same bits whatever
-// batch the call holds. A library's kernel cannot be read for that (cuDNN
-// chooses its algorithm by batch size), so it is checked: the first run
-// call of each batch size, mode and direction also runs the micro-shards one
-// by one, into scratch, and the two are compared bit for bit on the batch's
-// own values. Equal: the one call stands, and that batch size, mode and
+// input gradient come from that sample alone (a convolution, a linear
+// layer, ReLU, the residual add, pooling, flatten) could take all of them in
+// one call (Note [shard runs]), if its kernel gives each sample the same
+// bits whatever batch the call holds. A library's kernel cannot be read for
+// that (cuDNN chooses its algorithm by batch size, cuBLAS its GEMM's by the
+// matrices' sides), so it is checked: the first run call of each batch
+// size, mode and direction also runs the micro-shards one by one, into
+// scratch, and the two are compared bit for bit on the batch's own values.
+// Equal: the one call stands, and that batch size, mode and
 // direction go in one call from then on. Different (or the one call
 // failed: cuDNN may have no deterministic algorithm for the larger batch):
 // the micro-shards' calls are made again into the real output, the device

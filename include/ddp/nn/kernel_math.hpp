@@ -211,11 +211,12 @@ void linear_forward_gemm(int batch, int in, int out, const T* x, const T* w, flo
   gemm(true, false, out, batch, in, w, in, x, in, 1.0f, y, out);
 }
 
-// dW += dy^T x, and dx = dy W when dx is not nullptr.
+// dW += dy^T x when dw is not nullptr (a run of micro-shards' call takes
+// none: Note [checked runs]), and dx = dy W when dx is not nullptr.
 template <typename T, typename Gemm>
 void linear_backward_gemm(int batch, int in, int out, const T* x, const T* w, const T* dy, float* dw, float* dx,
                           Gemm&& gemm) {
-  gemm(false, true, in, out, batch, x, in, dy, out, 1.0f, dw, in);
+  if (dw) gemm(false, true, in, out, batch, x, in, dy, out, 1.0f, dw, in);
   if (dx) gemm(false, false, in, batch, out, w, in, dy, out, 0.0f, dx, in);
 }
 

@@ -73,7 +73,7 @@ void linear_backward(int batch, int in, int out, const T* x, const T* w, const T
   share(pool, n, [&](int piece) {
     const int c0 = piece * cols_per, cols = std::min(cols_per, in - c0);
     if (cols <= 0) return;
-    gemm(true, false, out, cols, batch, T(1), dy, out, x + c0, in, T(1), dw + c0, in);
+    if (dw) gemm(true, false, out, cols, batch, T(1), dy, out, x + c0, in, T(1), dw + c0, in);
     if (dx) gemm(false, false, batch, cols, out, T(1), dy, out, w + c0, in, T(0), dx + c0, in);
   });
 }

@@ -95,8 +95,10 @@ void CudaLinear::backward(const OpArgs& a, const float* dy, const std::vector<fl
   if (a.batch <= 0) return;
   try {
     if (is_half(precision_)) return backward_half(a, dy, dx[0]);
-    bias_grad_kernel<<<cuda_grid(out_), kCudaThreads, 0, ctx_.compute()>>>(a.batch, out_, dy, a.dp[1]);
-    DDP_CUDA_CHECK_LAUNCH(bias_grad_kernel);
+    if (a.dp[1]) {  // none in a run of micro-shards' call (Note [checked runs])
+      bias_grad_kernel<<<cuda_grid(out_), kCudaThreads, 0, ctx_.compute()>>>(a.batch, out_, dy, a.dp[1]);
+      DDP_CUDA_CHECK_LAUNCH(bias_grad_kernel);
+    }
     std::optional<MathMode> tf32;
     if (precision_ == Precision::TF32) tf32.emplace(ctx_.blas(), CUBLAS_TF32_TENSOR_OP_MATH);
     kernel::linear_backward_gemm(a.batch, in_, out_, a.x[0], a.p[0], dy, a.dp[0], dx[0], cublas_gemm(ctx_.blas()));
@@ -130,7 +132,8 @@ std::vector<size_t> CudaLinear::backward_pieces(int batch) const {
 
 // d(output) as a 16-bit copy; the bias gradient its rounded column sums; the
 // weight gradient into fp32 scratch, rounded as it is added; d(input)
-// rounded in place.
+// rounded in place. Each only where asked for (a run of micro-shards' call
+// takes no parameter gradients: Note [checked runs]).
 void CudaLinear::backward_half(const OpArgs& a, const float* dy, float* dx) {
   const int64_t nx = int64_t(a.batch) * in_, nw = int64_t(out_) * in_, ny = int64_t(a.batch) * out_;
   const std::vector<void*> at = staging_pieces(ctx_, backward_pieces(a.batch));
@@ -141,14 +144,16 @@ void CudaLinear::backward_half(const OpArgs& a, const float* dy, float* dx) {
   cudaStream_t s = ctx_.compute();
   to_half_cuda(dyh, dy, ny, precision_, s);
   if (a.dp[1]) channel_grad_from_half_cuda(a.dp[1], dyh, a.batch, out_, 1, precision_, s);
-  to_half_cuda(xh, a.x[0], nx, precision_, s);
+  const bool weights = a.dp[0] != nullptr;
+  if (weights) to_half_cuda(xh, a.x[0], nx, precision_, s);
   if (dx) to_half_cuda(wh, a.p[0], nw, precision_, s);
-  DDP_CUDA_CHECK(cudaMemsetAsync(dw, 0, size_t(nw) * sizeof(float), s));
+  if (weights) DDP_CUDA_CHECK(cudaMemsetAsync(dw, 0, size_t(nw) * sizeof(float), s));
   {
     MathMode math(ctx_.blas(), CUBLAS_DEFAULT_MATH);
-    kernel::linear_backward_gemm(a.batch, in_, out_, xh, wh, dyh, dw, dx, cublas_gemm_half(ctx_.blas(), precision_));
+    kernel::linear_backward_gemm(a.batch, in_, out_, xh, wh, dyh, weights ? dw : nullptr, dx,
+                                 cublas_gemm_half(ctx_.blas(), precision_));
   }
-  add_rounded_cuda(a.dp[0], dw, nw, precision_, s);
+  if (weights) add_rounded_cuda(a.dp[0], dw, nw, precision_, s);
   if (dx) round_cuda(dx, dx, nx, precision_, s);
 }
 
