@@ -183,6 +183,15 @@ class CudaBackend final : public Backend, public ExactBackend {
                                [this](const std::string& what) { sync(what); });
   }
   void set_exact_loss() override { exact_loss_ = true; }
+  // --gpu-kernels next (shards-together): one launch, each micro-shard's
+  // blocks summing as its own launch's would.
+  bool shard_losses(const float* logits, const int32_t* labels, int batch, int shard, int classes, float* dlogits,
+                    int grad_batch) override {
+    if (!ctx_->next(NextKernel::ShardsTogether)) return false;
+    nn::softmax_cross_entropy_cuda(logits, labels, batch, classes, dlogits, sums_ + kLoss, ctx_->compute(),
+                                   grad_batch, exact_loss_, shard);
+    return true;
+  }
   int threads() const override { return threads_; }
   std::string describe() const override { return device_name() + " " + monitor_->describe(); }
   DeviceUsage usage() override { return {monitor_->mem_peak_mib(), monitor_->util_pct()}; }

@@ -72,6 +72,7 @@ std::unique_ptr<nn::Model> Replica::make_exact(const Config& cfg, nn::Graph grap
   std::vector<size_t> numels;
   for (const auto& p : model->graph().params) numels.push_back(p.numel);
   exact_ = std::make_unique<Exact>();
+  exact_->backend = backend;
   exact_->model = model.get();
   exact_->sum = backend->make_exact_sum(std::move(numels), cfg.deterministic_shards);
   exact_->sum->set_lanes(model->lanes());
@@ -107,12 +108,13 @@ void Replica::exact_passes(const float* x, const int32_t* y, int batch, StepHeal
       // Micro-shard k's loss, and d(loss)/d(logits) over the global batch:
       // the micro-shards' sum over every rank is then the step's mean
       // gradient.
-      for (int k = 0; k < shards; ++k) {
-        const size_t at = size_t(k) * shard * classes_;
-        if (const auto loss = backend_->loss(logits + at, y + size_t(k) * shard, shard, classes_,
-                                             dlogits_->data() + at, exact_->global_batch))
-          health.add_loss(*loss, shards);
-      }
+      if (!exact_->backend->shard_losses(logits, y, batch, shard, classes_, dlogits_->data(), exact_->global_batch))
+        for (int k = 0; k < shards; ++k) {
+          const size_t at = size_t(k) * shard * classes_;
+          if (const auto loss = backend_->loss(logits + at, y + size_t(k) * shard, shard, classes_,
+                                               dlogits_->data() + at, exact_->global_batch))
+            health.add_loss(*loss, shards);
+        }
       scale_dlogits(batch);
     }
     lap(times_.forward);

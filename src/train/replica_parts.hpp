@@ -7,6 +7,7 @@
 #include "ddp/deterministic/exact_sum.hpp"      // ExactGradientSum
 #include "ddp/deterministic/sharded_model.hpp"  // ShardedModel
 #include "ddp/nn/device.hpp"                    // StatsReducer
+#include "ddp/train/exact_backend.hpp"          // ExactBackend
 #include "ddp/train/replica.hpp"
 
 namespace ddp::train {
@@ -32,6 +33,7 @@ class Replica::Stats : public nn::StatsReducer {
 // --deterministic's model (model_, in micro-shards of `shard` samples, the
 // global batch being global_batch) and its fixed-point sum.
 struct Replica::Exact {
+  ExactBackend* backend = nullptr;  // the replica's backend
   deterministic::ShardedModel* model = nullptr;
   std::unique_ptr<ExactGradientSum> sum;
   int shard = 0, global_batch = 0;

@@ -27,7 +27,8 @@ enum class NextKernel {
   OneRank,            // no collective at one rank
   LossScaleOnDevice,  // fp16's loss scaler deciding on the device (Note [loss scale on the device])
   ShardSums,          // --deterministic: BatchNorm's micro-shard sums in one launch (Note [shards in one launch])
-  ShardsTogether,     // --deterministic: micro-shards' gradients taken together (Note [shard gradients together])
+  ShardsTogether,     // --deterministic: micro-shards' gradients taken together (Note [shard gradients together]),
+                      // their losses in one launch
   CheckedRuns,        // --deterministic: micro-shards in one checked call (Note [checked runs])
   ShardStreams,       // --deterministic: micro-shards' weight gradients on side streams (Note [shard streams])
   StepGraphs,         // the steady step captured once as a CUDA graph and replayed (Note [step graphs])

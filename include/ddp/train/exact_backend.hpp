@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -25,6 +26,16 @@ class ExactBackend {
   // before it is added (fixed_point::round_loss_sum), so that sums of them
   // are exact in double and the same in any order.
   virtual void set_exact_loss() = 0;
+  // Every micro-shard of `shard` samples of the batch, in one call, as
+  // Backend::loss gives each alone (its loss sum, rounded as set_exact_loss
+  // asks, and its d(loss)/d(logits) over grad_batch samples), where the
+  // device can: its losses then stay on the device (true). False: the
+  // replica calls Backend::loss a micro-shard at a time.
+  virtual bool shard_losses(const float* logits, const int32_t* labels, int batch, int shard, int classes,
+                            float* dlogits, int grad_batch) {
+    (void)logits, (void)labels, (void)batch, (void)shard, (void)classes, (void)dlogits, (void)grad_batch;
+    return false;
+  }
 };
 
 }  // namespace ddp::train

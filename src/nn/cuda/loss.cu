@@ -2,7 +2,8 @@
 // of nn/cpu/loss.cpp and count_correct in model.cpp: one thread a row
 // (kernel_math.hpp's argmax_row and softmax_xent_row), then one block-wide
 // sum so each block adds its loss and correct count to the device totals
-// with one atomicAdd each. The totals stay on the device: an epoch's metrics
+// with one atomicAdd each (a launch may take a batch's micro-shards, each
+// summed as a launch of its own would). The totals stay on the device: an epoch's metrics
 // need one read at its end, not one per step. Counts are whole numbers, exact
 // in any order; with exact_loss (--deterministic) each block's loss sum is
 // rounded to a multiple of 2^-20 first (fixed_point::round_loss_sum), so the
@@ -24,7 +25,10 @@ constexpr int kThreads = 256;  // a power of two: the block sum halves it
 
 // With kLoss: writes d(mean loss)/d(logits) (if dlogits) and adds the summed
 // loss to *loss_sum (NaN for a label outside [0, classes): softmax_xent_row);
-// always adds the rows whose arg-max is the label to *correct.
+// always adds the rows whose arg-max is the label to *correct. `batch` rows
+// from row blockIdx.y * batch on: the rows of the y-th call of a launch that
+// stands for gridDim.y calls of `batch` rows each (micro-shards), each block
+// summing what it sums in a call of its own.
 template <bool kLoss>
 __global__ void __launch_bounds__(kThreads)
     rows_kernel(const float* __restrict__ logits, const int32_t* __restrict__ labels, int batch, int classes,
@@ -33,6 +37,10 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ double s[kThreads];
   double loss = 0.0, right = 0.0;
   const double inv_batch = 1.0 / grad_batch;
+  const int64_t first = int64_t(blockIdx.y) * batch;
+  logits += first * classes;
+  labels += first;
+  if (dlogits) dlogits += first * classes;
   for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < batch; r += gridDim.x * blockDim.x) {
     const float* z = logits + int64_t(r) * classes;
     const int best = kernel::argmax_row(z, classes);
@@ -55,13 +63,16 @@ unsigned grid_for(int batch) { return unsigned(std::min((batch + kThreads - 1) /
 }  // namespace
 
 void softmax_cross_entropy_cuda(const float* logits, const int32_t* labels, int batch, int classes, float* dlogits,
-                                double* sums, cudaStream_t stream, int grad_batch, bool exact_loss) {
+                                double* sums, cudaStream_t stream, int grad_batch, bool exact_loss, int shard) {
   DDP_CHECK(classes > 0, "softmax_cross_entropy_cuda: classes must be positive, got ", classes);
   DDP_CHECK(batch > 0, "softmax_cross_entropy_cuda: empty batch");
   DDP_CHECK(logits && labels && sums, "softmax_cross_entropy_cuda: null logits, labels or sums");
-  rows_kernel<true><<<grid_for(batch), kThreads, 0, stream>>>(logits, labels, batch, classes, dlogits, sums,
-                                                              sums + 1, grad_batch > 0 ? grad_batch : batch,
-                                                              exact_loss);
+  if (shard <= 0) shard = batch;
+  DDP_CHECK(batch % shard == 0 && batch / shard <= 65535, "softmax_cross_entropy_cuda: a batch of ", batch,
+            " in micro-shards of ", shard);
+  const dim3 grid(grid_for(shard), unsigned(batch / shard));
+  rows_kernel<true><<<grid, kThreads, 0, stream>>>(logits, labels, shard, classes, dlogits, sums, sums + 1,
+                                                   grad_batch > 0 ? grad_batch : batch, exact_loss);
   DDP_CUDA_CHECK_LAUNCH(rows_kernel<true>);
 }
 

@@ -106,5 +106,33 @@ TEST_F(CudaExactSum, ExactLossAddsRoundedBatchSums) {
   EXPECT_NEAR(got[0], 2 * cpu, 1e-4 * std::fabs(cpu));
 }
 
+// --gpu-kernels next (shards-together): a batch's micro-shards' losses in one
+// launch are what a launch a micro-shard gives: each micro-shard's rounded
+// sum (so the same total) and the same d(loss)/d(logits) bits, for
+// micro-shards of fewer and of more rows than a block holds.
+TEST_F(CudaExactSum, MicroShardLossesInOneLaunchAreALaunchAMicroShards) {
+  const int classes = 10;
+  for (const int shard : {16, 300}) {
+    SCOPED_TRACE("micro-shards of " + std::to_string(shard));
+    const int shards = 4, batch = shards * shard;
+    const std::vector<float> logits = normal(size_t(batch) * classes, 8);
+    std::vector<int32_t> labels(static_cast<size_t>(batch));
+    for (int i = 0; i < batch; ++i) labels[size_t(i)] = (i * 7) % classes;
+    DeviceArray<float> gl(ctx(), logits), one_d(ctx(), logits.size()), each_d(ctx(), logits.size());
+    DeviceArray<int32_t> glab(ctx(), labels);
+    DeviceArray<double> one_sums(ctx(), std::vector<double>(2, 0.0)), each_sums(ctx(), std::vector<double>(2, 0.0));
+    nn::softmax_cross_entropy_cuda(gl.get(), glab.get(), batch, classes, one_d.get(), one_sums.get(), ctx().compute(),
+                                   4 * batch, /*exact_loss=*/true, shard);
+    for (int k = 0; k < shards; ++k) {
+      const size_t at = size_t(k) * shard * classes;
+      nn::softmax_cross_entropy_cuda(gl.get() + at, glab.get() + size_t(k) * shard, shard, classes,
+                                     each_d.get() + at, each_sums.get(), ctx().compute(), 4 * batch,
+                                     /*exact_loss=*/true);
+    }
+    EXPECT_EQ(one_sums.download(), each_sums.download());
+    EXPECT_EQ(bits(one_d.download()), bits(each_d.download()));
+  }
+}
+
 }  // namespace
 }  // namespace ddp::nn_cuda_test

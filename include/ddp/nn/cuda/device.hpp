@@ -62,10 +62,12 @@ std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx, CudaDeviceOptions o
 // correct rows (arg-max == label) to sums[1] (device doubles), so a whole epoch
 // runs without the host reading anything. With exact_loss (--deterministic)
 // the loss is added in multiples of 2^-20 (nn/cuda/loss.cu), the same total in
-// any order.
+// any order. With shard > 0 (dividing batch) the batch is micro-shards of
+// `shard` rows, each summed (and rounded) as a call of its own would, in one
+// launch.
 void softmax_cross_entropy_cuda(const float* logits, const int32_t* labels, int batch, int classes,
                                 float* dlogits, double* sums, cudaStream_t stream, int grad_batch = 0,
-                                bool exact_loss = false);
+                                bool exact_loss = false, int shard = 0);
 // Adds the number of rows whose arg-max equals the label to *correct (device).
 void count_correct_cuda(const float* logits, const int32_t* labels, int batch, int classes, double* correct,
                         cudaStream_t stream);
