@@ -203,6 +203,7 @@ class CudaBackend final : public Backend, public ExactBackend {
   // Once every stream is done, so that each recorded activity has ended.
   void end_device_trace(Trace& trace) override {
     if (!tracer_) return;
+    sync("--trace: the GPU's activity");  // bounded (Note [bounded copies to the host])
     DDP_CUDA_CHECK(cudaDeviceSynchronize());
     const auto at = [](int64_t ns) {
       return Trace::Clock::time_point(std::chrono::duration_cast<Trace::Clock::duration>(std::chrono::nanoseconds(ns)));

@@ -452,8 +452,10 @@ void CudaBatchNorm::reduce(size_t n, const std::string& what) {
   if (!stats_) return;
   if (ctx_.next(NextKernel::SyncBnOnDevice)) {
     // One rank's sums are already every rank's (SyncBatchNorm at world size
-    // 1); over several the device communicator sums them on the device.
-    if (stats_->ranks() > 1) stats_->sum_on_device(sums_, n, op_.name + ": " + what);
+    // 1: one-rank); over several the device communicator sums them on the
+    // device.
+    if (stats_->ranks() > 1 || !ctx_.next(NextKernel::OneRank))
+      stats_->sum_on_device(sums_, n, op_.name + ": " + what);
     return;
   }
   stats_->sync_device(op_.name + ": " + what);  // Note [bounded copies to the host]

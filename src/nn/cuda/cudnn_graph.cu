@@ -5,6 +5,7 @@
 #include "ddp/nn/cuda/cudnn_graph.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -246,9 +247,14 @@ std::vector<Engine> engines(cuda::Context& ctx, const OpGraph& g, Precision p, s
     for (Desc& c : engine_configs(g, mode)) {
       Engine e;
       e.config = std::move(c);
-      const EngineNotes notes = notes_of(e.config);
-      if (graph_notes_usable(notes, p) && make_plan(ctx, e.config, &e.plan, &e.workspace))
-        e.candidate = graph_engine_candidate(notes, p, e.workspace, cap);
+      // An engine whose notes cannot be read is not run; the others may be.
+      std::optional<EngineNotes> notes;
+      try {
+        notes = notes_of(e.config);
+      } catch (const Error&) {
+      }
+      if (notes && graph_notes_usable(*notes, p) && make_plan(ctx, e.config, &e.plan, &e.workspace))
+        e.candidate = graph_engine_candidate(*notes, p, e.workspace, cap);
       offered.push_back(e.candidate);
       out.push_back(std::move(e));
     }
@@ -259,30 +265,66 @@ std::vector<Engine> engines(cuda::Context& ctx, const OpGraph& g, Precision p, s
   return out;
 }
 
+// time_engines' operands and events, given back however it ends (a failed
+// timing falls back to the legacy call: GraphConv::make).
+class TimingScratch {
+ public:
+  explicit TimingScratch(cuda::Context& ctx) : ctx_(ctx) {}
+  ~TimingScratch() {
+    for (void* b : buffers_) try {
+        ctx_.free(b);
+      } catch (const Error&) {  // the error that ended the timing is the one said
+      }
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+  }
+  TimingScratch(const TimingScratch&) = delete;
+  TimingScratch& operator=(const TimingScratch&) = delete;
+  void make_events() {
+    DDP_CUDA_CHECK(cudaEventCreate(&start));
+    DDP_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  // n bytes of zeros (a beta of 1 reads the output).
+  void* zeros(size_t n) {
+    buffers_.push_back(ctx_.alloc(std::max<size_t>(n, 1)));
+    DDP_CUDA_CHECK(cudaMemsetAsync(buffers_.back(), 0, n, ctx_.compute()));
+    return buffers_.back();
+  }
+  cudaEvent_t start = nullptr, stop = nullptr;
+
+ private:
+  cuda::Context& ctx_;
+  std::vector<void*> buffers_;
+};
+
+// The engines time_engines runs: usable ones, under --deterministic
+// deterministic ones only, the first kMaxTimed.
+std::vector<size_t> engines_to_time(const cuda::Context& ctx, const std::vector<Engine>& es) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < es.size() && out.size() < size_t(kMaxTimed); ++i)
+    if (es[i].candidate.usable && (!ctx.deterministic() || es[i].candidate.deterministic)) out.push_back(i);
+  return out;
+}
+
 // Note [measured algorithms] for engines: each usable one (the first
 // kMaxTimed; under --deterministic deterministic ones only, as no other may
 // be chosen) run once to warm up, then three times between two events, on
 // scratch operands of the graph's shapes.
-std::vector<TimedAlgo> time_engines(cuda::Context& ctx, const ConvGraphSpec& s, const std::vector<Engine>& es,
-                                    size_t cap) {
+std::vector<TimedAlgo> time_engines(cuda::Context& ctx, const ConvGraphSpec& s, const std::vector<Engine>& es) {
   const size_t elem = is_half(s.precision) ? 2 : 4;
   auto bytes = [&](const GraphTensor& t) { return size_t(t.dims[0] * t.strides[0]) * elem; };
-  void* x = ctx.alloc(bytes(s.shapes.x));
-  void* w = ctx.alloc(bytes(s.shapes.w));
-  void* y = ctx.alloc(bytes(s.shapes.y));
-  void* ws = ctx.alloc(std::max<size_t>(cap, 1));
-  // Zeros: a beta of 1 reads the output.
-  DDP_CUDA_CHECK(cudaMemsetAsync(x, 0, bytes(s.shapes.x), ctx.compute()));
-  DDP_CUDA_CHECK(cudaMemsetAsync(w, 0, bytes(s.shapes.w), ctx.compute()));
-  DDP_CUDA_CHECK(cudaMemsetAsync(y, 0, bytes(s.shapes.y), ctx.compute()));
-  cudaEvent_t start = nullptr, stop = nullptr;
-  DDP_CUDA_CHECK(cudaEventCreate(&start));
-  DDP_CUDA_CHECK(cudaEventCreate(&stop));
+  const std::vector<size_t> run = engines_to_time(ctx, es);
+  size_t most = 0;  // the largest workspace of the engines run (each within the cap)
+  for (const size_t i : run) most = std::max(most, es[i].workspace);
+  TimingScratch scratch(ctx);
+  scratch.make_events();
+  void* x = scratch.zeros(bytes(s.shapes.x));
+  void* w = scratch.zeros(bytes(s.shapes.w));
+  void* y = scratch.zeros(bytes(s.shapes.y));
+  void* ws = scratch.zeros(most);
+  const cudaEvent_t start = scratch.start, stop = scratch.stop;
   std::vector<TimedAlgo> timed(es.size());
-  int tried = 0;
-  for (size_t i = 0; i < es.size() && tried < kMaxTimed; ++i) {
-    if (!es[i].candidate.usable || (ctx.deterministic() && !es[i].candidate.deterministic)) continue;
-    ++tried;
+  for (const size_t i : run) {
     bool ok = execute(ctx, es[i].plan, x, w, y, ws) == CUDNN_STATUS_SUCCESS;
     DDP_CUDA_CHECK(cudaEventRecord(start, ctx.compute()));
     for (int r = 0; r < 3 && ok; ++r) ok = execute(ctx, es[i].plan, x, w, y, ws) == CUDNN_STATUS_SUCCESS;
@@ -292,9 +334,6 @@ std::vector<TimedAlgo> time_engines(cuda::Context& ctx, const ConvGraphSpec& s, 
     DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     timed[i] = {ok, es[i].candidate.deterministic, ms / 3};
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  for (void* b : {x, w, y, ws}) ctx.free(b);
   return timed;
 }
 
@@ -328,7 +367,7 @@ std::unique_ptr<GraphConv::Impl> choose_engine(cuda::Context& ctx, ConvDirection
     // and engine list): a repeated layer is timed once.
     std::vector<int>& cached =
         ctx.timed_algorithms()[detail::concat("graph ", to_string(d), " beta ", spec.beta, ": ", spec.key)];
-    if (cached.empty()) cached = {choose_timed_algo(time_engines(ctx, spec, es, workspace_cap), deterministic).index};
+    if (cached.empty()) cached = {choose_timed_algo(time_engines(ctx, spec, es), deterministic).index};
     index = cached[0];
   } else {
     std::vector<ConvAlgoCandidate> ranked;
@@ -361,6 +400,10 @@ std::unique_ptr<GraphConv> GraphConv::make(cuda::Context& ctx, ConvDirection d, 
     return std::unique_ptr<GraphConv>(new GraphConv(std::move(impl)));
   } catch (const Error& e) {
     *why = e.what();
+    // A failed runtime call (cudaMallocAsync out of memory, say) leaves its
+    // error behind as the thread's last, where the next kernel launch's
+    // check would find it; a sticky error stays whatever is done here.
+    (void)cudaGetLastError();
     return nullptr;
   }
 }
