@@ -158,15 +158,18 @@ bool ShardedModel::together() {
 void ShardedModel::backward_shards_together(size_t i, LaneKernel* k, int64_t shards, const float* dy,
                                             const std::vector<float*>& dx, bool runs) {
   const std::vector<size_t>& ps = graph().op_params[i];
-  const size_t span = param_span(i).second, n = size_t(shards) * span;
+  // Each micro-shard's gradients 256 bytes from the last's, so that every
+  // one is as aligned as the first (a library may choose its path by a
+  // pointer's alignment: Note [graph engines] in nn/cuda/conv_algo.hpp).
+  const size_t span = param_span(i).second, stride = (span + 63) / 64 * 64, n = size_t(shards) * stride;
   if (!shard_grads_ || shard_grads_->size() < n) shard_grads_ = device().alloc(n);  // zero-filled
   float* all = shard_grads_->data();
   // The bias's gradients (the last parameter's) in one pass where the kernel can.
   auto* bias = dynamic_cast<ShardBias*>(&kernel(i));
   const size_t bias_at = graph().params[ps.back()].offset - graph().params[ps.front()].offset;
   const bool biased = ps.size() > 1 && bias && !half_op(i) &&
-                      bias->bias_grads_of_shards(args(i), dy, shard_, int(shards), all + bias_at, span);
-  const auto one = [&](int64_t s) { backward_one_shard(i, k, s, 0, dy, dx, runs, all + size_t(s) * span, biased); };
+                      bias->bias_grads_of_shards(args(i), dy, shard_, int(shards), all + bias_at, stride);
+  const auto one = [&](int64_t s) { backward_one_shard(i, k, s, 0, dy, dx, runs, all + size_t(s) * stride, biased); };
   // Note [shard streams]: at once where the device and kernel can, after
   // the op's first backward.
   auto* streams = dynamic_cast<ShardStreams*>(&device());
@@ -177,7 +180,7 @@ void ShardedModel::backward_shards_together(size_t i, LaneKernel* k, int64_t sha
   else
     for (int64_t s = 0; s < shards; ++s) one(s);
   backed_[i] = true;
-  to_->take_shards(0, all, span, int(shards), ps.front(), ps.size());
+  to_->take_shards(0, all, stride, int(shards), ps.front(), ps.size());
   device().fill(all, n, 0.0f);
 }
 

@@ -211,6 +211,18 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
     ctx.warn_once("legacy-none " + plan_key(ctx, batch),
                   detail::concat("op ", layer_, ": ", e.what(), "; cuDNN's graph API runs it"));
   }
+  // 16-bit operands are copies in staging, whose pieces are aligned.
+  if (p->legacy && ctx.deterministic() && !is_half(precision_) &&
+      !graph_slices_aligned(batch, in_.numel(), out_.numel(), int64_t(sizeof(float))) &&
+      (p->graph_fwd || p->graph_data || p->graph_filter)) {
+    p->graph_fwd.reset();
+    p->graph_data.reset();
+    p->graph_filter.reset();
+    ctx.warn_once("graph-shards " + plan_key(ctx, batch),
+                  detail::concat("op ", layer_, ": --deterministic: calls of ", batch, " samples are not all ",
+                                 kGraphAlignment, "-byte aligned where a buffer holds several, so the legacy "
+                                 "convolution call runs every one (the same algorithm wherever a micro-shard sits)"));
+  }
   // Grow the shared workspace now, the one step that may wait for the device,
   // rather than inside a later forward or backward.
   size_t bytes = std::max({p->fwd_bytes, p->bwd_data_bytes, p->bwd_filter_bytes});

@@ -150,5 +150,20 @@ TEST(GraphEngines, OperandsOffTheAlignmentRunTheLegacyWay) {
   EXPECT_FALSE(graph_aligned(reinterpret_cast<const char*>(buf) + 8));
 }
 
+// Under --deterministic: micro-shards of a size that keeps every one of them
+// on the alignment (inputs and outputs) may run the graph; any other size
+// runs the legacy call for every micro-shard, wherever it sits.
+TEST(GraphEngines, MicroShardsOffTheAlignmentRunTheLegacyWayEveryOne) {
+  // LeNet's first convolution: 1x28x28 in, 6x28x28 out, fp32.
+  EXPECT_TRUE(graph_slices_aligned(16, 28 * 28, 6 * 28 * 28, 4));
+  EXPECT_TRUE(graph_slices_aligned(1, 28 * 28, 6 * 28 * 28, 4));  // 784 floats: 3136 bytes
+  // 1x5x5 in, 3x5x5 out: 25 and 75 floats a sample.
+  EXPECT_FALSE(graph_slices_aligned(3, 25, 75, 4));  // 300 bytes a micro-shard
+  EXPECT_FALSE(graph_slices_aligned(2, 25, 75, 4));  // 200
+  EXPECT_TRUE(graph_slices_aligned(4, 25, 75, 4));
+  EXPECT_FALSE(graph_slices_aligned(4, 24, 75, 2));  // fine in, off out
+  EXPECT_FALSE(graph_slices_aligned(4, 25, 24, 2));  // off in, fine out
+}
+
 }  // namespace
 }  // namespace ddp::nn

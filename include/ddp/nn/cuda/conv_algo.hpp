@@ -187,4 +187,17 @@ constexpr int64_t kGraphAlignment = 16;
 
 inline bool graph_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kGraphAlignment == 0; }
 
+// Under --deterministic a call of `batch` samples may be one micro-shard of
+// a larger buffer, at a multiple of its own size from the buffer's start
+// (Note [micro-shards], deterministic/shards.hpp). Where that size (input or
+// output, elements of `elem` bytes) is off kGraphAlignment, some
+// micro-shards' operands are too and would run the legacy call while the
+// others ran the graph: bits that would depend on where a micro-shard sits
+// on its rank, and so on the world size. Such a batch size runs the legacy
+// call every time.
+inline bool graph_slices_aligned(int batch, int64_t in_numel, int64_t out_numel, int64_t elem) {
+  return (int64_t(batch) * in_numel * elem) % kGraphAlignment == 0 &&
+         (int64_t(batch) * out_numel * elem) % kGraphAlignment == 0;
+}
+
 }  // namespace ddp::nn
