@@ -19,6 +19,8 @@
 // says, and the element-wise passes find a value's channel as i % c.
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 #include "ddp/nn/cuda/kernels.hpp"
 #include "ddp/nn/cuda/bn_plan.hpp"     // plan_bn_split: Note [batch norm sums]
 #include "ddp/nn/cuda/bn_runs.hpp"     // bn_act_run: Note [claimed runs]
@@ -31,6 +33,14 @@ namespace ddp::nn {
 namespace {
 
 constexpr int kThreads = 256;  // a power of two: the block sum halves it
+
+// The split sums' launches: channels (NCHW) and micro-shards are grid
+// dimensions (at most 65535 each), and 2 sums a channel a micro-shard are
+// indexed in int.
+void check_sum_grid(const std::string& who, int c, int shards) {
+  DDP_CHECK(c <= 65535 && shards <= 65535 && int64_t(2) * c * shards < (int64_t(1) << 31), who, ": ", c,
+            " channels and ", shards, " micro-shards in one launch; at most 65535 of each are supported");
+}
 
 // Block sums of (a, b) into s_a[0], s_b[0] (kThreads entries each).
 __device__ void block_sum2(double* sa, double* sb, double a, double b) {
@@ -366,8 +376,7 @@ void CudaBatchNorm::launch_sums(int images, int shards, const float* x, const fl
   DDP_CHECK(values < (int64_t(1) << 31), "BatchNorm2d ", op_.name, ": ", values,
             " values a channel in one call; at most 2^31 are supported");
   // The grids' second dimension is the channel (NCHW), the third the micro-shard.
-  DDP_CHECK(c_ <= 65535 && shards <= 65535, "BatchNorm2d ", op_.name, ": ", c_, " channels and ", shards,
-            " micro-shards in one launch; at most 65535 of each are supported");
+  check_sum_grid("BatchNorm2d " + op_.name, c_, shards);
   double* parts = parts_for(shards);
   if (layout_ == Layout::NHWC) {
     if (!dy) return channel_sums_nhwc_cuda(ctx_, x, mean, values, c_, parts, out, shards);
@@ -411,6 +420,7 @@ void channel_sums_cuda(cuda::Context& ctx, const float* x, const float* mean, in
                        double* parts, double* out, int shards) {
   const int64_t values = int64_t(images) * hw;
   DDP_CHECK(values < (int64_t(1) << 31), values, " values a channel in one call; at most 2^31 are supported");
+  check_sum_grid("channel sums", c, shards);
   const BnSplit plan = plan_bn_split(values, c, ctx.sms());
   const cudaStream_t s = ctx.compute();
   bn_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c), unsigned(shards)), kThreads, 0, s>>>(
@@ -427,6 +437,7 @@ void nhwc_sums(cuda::Context& ctx, Values x, const float* mean, int64_t rows, in
                int shards = 1) {
   DDP_CHECK(rows < (int64_t(1) << 31), rows, " values a channel in one call; at most 2^31 are supported");
   if (c <= 0) return;
+  check_sum_grid("channel sums", c, shards);
   const BnSplit plan = plan_nhwc_split(rows, c, ctx.sms());
   const cudaStream_t s = ctx.compute();
   nhwc_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(nhwc_channel_groups(c)), unsigned(shards)), kThreads, 0,

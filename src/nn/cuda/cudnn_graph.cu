@@ -306,28 +306,34 @@ std::vector<size_t> engines_to_time(const cuda::Context& ctx, const std::vector<
   return out;
 }
 
+// Zeros of the graph's shapes, and a workspace of `workspace` bytes.
+struct Operands {
+  void *x, *w, *y, *ws;
+};
+Operands zero_operands(TimingScratch& scratch, const ConvGraphSpec& s, size_t workspace) {
+  const size_t elem = is_half(s.precision) ? 2 : 4;
+  auto bytes = [&](const GraphTensor& t) { return size_t(t.dims[0] * t.strides[0]) * elem; };
+  return {scratch.zeros(bytes(s.shapes.x)), scratch.zeros(bytes(s.shapes.w)), scratch.zeros(bytes(s.shapes.y)),
+          scratch.zeros(workspace)};
+}
+
 // Note [measured algorithms] for engines: each usable one (the first
 // kMaxTimed; under --deterministic deterministic ones only, as no other may
 // be chosen) run once to warm up, then three times between two events, on
 // scratch operands of the graph's shapes.
 std::vector<TimedAlgo> time_engines(cuda::Context& ctx, const ConvGraphSpec& s, const std::vector<Engine>& es) {
-  const size_t elem = is_half(s.precision) ? 2 : 4;
-  auto bytes = [&](const GraphTensor& t) { return size_t(t.dims[0] * t.strides[0]) * elem; };
   const std::vector<size_t> run = engines_to_time(ctx, es);
   size_t most = 0;  // the largest workspace of the engines run (each within the cap)
   for (const size_t i : run) most = std::max(most, es[i].workspace);
   TimingScratch scratch(ctx);
   scratch.make_events();
-  void* x = scratch.zeros(bytes(s.shapes.x));
-  void* w = scratch.zeros(bytes(s.shapes.w));
-  void* y = scratch.zeros(bytes(s.shapes.y));
-  void* ws = scratch.zeros(most);
+  const Operands o = zero_operands(scratch, s, most);
   const cudaEvent_t start = scratch.start, stop = scratch.stop;
   std::vector<TimedAlgo> timed(es.size());
   for (const size_t i : run) {
-    bool ok = execute(ctx, es[i].plan, x, w, y, ws) == CUDNN_STATUS_SUCCESS;
+    bool ok = execute(ctx, es[i].plan, o.x, o.w, o.y, o.ws) == CUDNN_STATUS_SUCCESS;
     DDP_CUDA_CHECK(cudaEventRecord(start, ctx.compute()));
-    for (int r = 0; r < 3 && ok; ++r) ok = execute(ctx, es[i].plan, x, w, y, ws) == CUDNN_STATUS_SUCCESS;
+    for (int r = 0; r < 3 && ok; ++r) ok = execute(ctx, es[i].plan, o.x, o.w, o.y, o.ws) == CUDNN_STATUS_SUCCESS;
     DDP_CUDA_CHECK(cudaEventRecord(stop, ctx.compute()));
     DDP_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
@@ -335,6 +341,17 @@ std::vector<TimedAlgo> time_engines(cuda::Context& ctx, const ConvGraphSpec& s, 
     timed[i] = {ok, es[i].candidate.deterministic, ms / 3};
   }
   return timed;
+}
+
+// An engine the heuristics ranked first, run once on zeros before a layer
+// relies on it (the timed ones have run): "" where it ran, else why not.
+std::string trial_run(cuda::Context& ctx, const ConvGraphSpec& s, const Engine& e) {
+  TimingScratch scratch(ctx);
+  const Operands o = zero_operands(scratch, s, e.workspace);
+  const cudnnStatus_t st = execute(ctx, e.plan, o.x, o.w, o.y, o.ws);
+  if (st != CUDNN_STATUS_SUCCESS) return detail::concat("its engine failed a trial run (", cudnnGetErrorString(st), ")");
+  DDP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));  // a fault of the run's own shows here
+  return "";
 }
 
 }  // namespace
@@ -379,6 +396,10 @@ std::unique_ptr<GraphConv::Impl> choose_engine(cuda::Context& ctx, ConvDirection
     *why = detail::concat("none of the ", es.size(), " engines offered may run it",
                           deterministic ? " deterministically" : "", " (Note [graph engines])");
     return nullptr;
+  }
+  if (!ctx.benchmark()) {
+    *why = trial_run(ctx, spec, es[size_t(index)]);
+    if (!why->empty()) return nullptr;
   }
   if (!es[size_t(index)].candidate.deterministic)
     ctx.warn_once("graph-nondeterministic",

@@ -70,6 +70,8 @@ void softmax_cross_entropy_cuda(const float* logits, const int32_t* labels, int 
   if (shard <= 0) shard = batch;
   DDP_CHECK(batch % shard == 0 && batch / shard <= 65535, "softmax_cross_entropy_cuda: a batch of ", batch,
             " in micro-shards of ", shard);
+  // grad_batch 0 is the mean over one call's rows: here, which rows is not clear.
+  DDP_CHECK(shard == batch || grad_batch > 0, "softmax_cross_entropy_cuda: micro-shards without grad_batch");
   const dim3 grid(grid_for(shard), unsigned(batch / shard));
   rows_kernel<true><<<grid, kThreads, 0, stream>>>(logits, labels, shard, classes, dlogits, sums, sums + 1,
                                                    grad_batch > 0 ? grad_batch : batch, exact_loss);

@@ -123,7 +123,8 @@ inline std::string conv_plan_key(Shape in, int out_c, int k, int stride, int pad
 // gradient in fp32 NCHW is added in place (beta 1) where an engine takes
 // that, else written with beta 0 (as cuDNN's frontend always does) and
 // added. A direction no engine may run falls back, said once, to the legacy
-// algorithm.
+// algorithm; so does one whose engine, chosen untimed, fails a trial run on
+// zeros when the layer's plan is made.
 struct EngineNotes {
   bool tensor_core = false;          // CUDNN_NUMERICAL_NOTE_TENSOR_CORE
   bool down_convert = false;         // CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS
