@@ -271,10 +271,12 @@ class TimingScratch {
  public:
   explicit TimingScratch(cuda::Context& ctx) : ctx_(ctx) {}
   ~TimingScratch() {
-    for (void* b : buffers_) try {
+    for (void* b : buffers_) {
+      try {
         ctx_.free(b);
       } catch (const Error&) {  // the error that ended the timing is the one said
       }
+    }
     if (start) cudaEventDestroy(start);
     if (stop) cudaEventDestroy(stop);
   }
