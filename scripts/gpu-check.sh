@@ -58,6 +58,23 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 mode=${1:?usage: gpu-check.sh prepare|run|learn|bench|nccl|profile|all [DIR] [OUT]}
 dir=$(realpath -m "${2:-$root/.devdeps}")
 
+# What a step cut at its limit may leave behind: a test's training job
+# runs in a session of its own (setsid) and mpirun's ranks in process
+# groups of their own, beyond timeout's reach; they would hold the GPU
+# through the steps after it. Only DIR's binaries and the Open MPI that
+# device-env.sh unpacks (/opt/ddp-deps) are killed.
+reap() {
+  local p e
+  for p in /proc/[0-9]*; do
+    e=$(readlink "$p/exe" 2>/dev/null) || continue
+    case $e in
+    "$dir"/bin/* | /opt/ddp-deps/usr/bin/*)
+      kill -9 "${p#/proc/}" 2>/dev/null || true
+      ;;
+    esac
+  done
+}
+
 case $mode in
 prepare)
   build=${DDP_BUILD_DIR:-$root/build}
@@ -155,17 +172,33 @@ run | learn | bench | nccl | profile)
     bisect() {
       local flags=$1 scratch pieces half n
       scratch=$(mktemp)
-      "$dir/bin/ddp_train" --gpu-kernels "next,-?" >"$scratch" 2>&1 || true
+      timeout -k 5 30 "$dir/bin/ddp_train" --gpu-kernels "next,-?" >"$scratch" 2>&1 || true
       read -r -a pieces <<<"$(sed -n 's/.*a kernel of next (\([^)]*\)).*/\1/p' "$scratch" | tr -d ' ' | tr ',' ' ')"
       if ((${#pieces[@]} == 0)); then
         echo "bisect: the pieces of next are not known ($(tail -1 "$scratch"))" >>"$out/profile.txt"
+        return 1
+      fi
+      # The short untraced run must fail with all of next, or halving it
+      # would name a piece that fails nothing.
+      : >"$scratch"
+      local rc=0
+      resnet "$flags" 1024 "$scratch" || rc=$?
+      if ((rc == 0 || rc == 125)); then
+        echo "bisect: not narrowed: ${flags} $( ((rc == 0)) && echo "passes in a short untraced run" || echo "was not run: the call's time is spent")" >>"$out/profile.txt"
+        rm -f "$scratch"
         return 1
       fi
       while ((${#pieces[@]} > 1)); do
         n=$((${#pieces[@]} / 2))
         half=$(printf ',-%s' "${pieces[@]:0:n}")
         : >"$scratch"
-        if resnet "$(without "$flags" "$half")" 1024 "$scratch"; then
+        rc=0
+        resnet "$(without "$flags" "$half")" 1024 "$scratch" || rc=$?
+        if ((rc == 125)); then
+          echo "bisect: stopped, the call's time is spent (left: ${pieces[*]})" >>"$out/profile.txt"
+          rm -f "$scratch"
+          return 1
+        elif ((rc == 0)); then
           echo "bisect: passes without ${pieces[*]:0:n}" >>"$out/profile.txt"
           pieces=("${pieces[@]:0:n}")
         else
@@ -186,10 +219,13 @@ run | learn | bench | nccl | profile)
     # the run did.
     profile_set() {
       echo "=== ResNet-18, batch 256, $2" >>"$out/profile.txt"
-      if resnet "$2 --trace $out/p$1.json --trace-steps 10:14" 5120 "$out/profile.txt"; then
+      local rc=0
+      resnet "$2 --trace $out/p$1.json --trace-steps 10:14" 5120 "$out/profile.txt" || rc=$?
+      if ((rc == 0)); then
         python3 "$root/bench/gpu_kernels.py" "$out/p$1.rank0.json" --top 40 >>"$out/profile.txt" 2>&1 || true
         return 0
       fi
+      ((rc == 125)) && return 0  # not run (said): nothing to narrow down
       echo "profile $2 failed" >>"$out/profile.txt"
       return 1
     }
@@ -232,11 +268,12 @@ run | learn | bench | nccl | profile)
     elif ((rc == 124 || rc == 137)); then
       verdict="TIMED OUT after ${bound} s"
       status=1
+      reap
     elif ((rc != 0)); then
       verdict="FAILED (exit $rc)"
       status=1
     fi
-    echo "$name: $verdict; $(grep -h -E '^\[  (PASSED|SKIPPED) \] [0-9]+ test' "$log" | sort -u | tr '\n' ' ')" \
+    echo "$name: $verdict; $(grep -h -E '^\[ +(PASSED|SKIPPED|FAILED) +\] [0-9]+ test' "$log" | sort -u | tr '\n' ' ')" \
       | tee -a "$out/summary.txt"
     rm -f "$log"
   }
@@ -290,6 +327,7 @@ all)
     GPU_CHECK_DEADLINE=$deadline GPU_BENCH_PROFILE=0 GPU_NEXT_CUT=$next_cut \
       timeout -k 10 $((left + 30)) "$0" "$stage" "$dir" "$work/$stage" >"$work/$stage.txt" 2>&1 || rc=$?
     ((rc == 0)) || failed=1
+    reap
     echo "$stage: exit $rc after $((SECONDS - began)) s" | tee -a "$out/all.txt"
     [[ -f $work/$stage/summary.txt ]] && cp "$work/$stage/summary.txt" "$out/$stage-summary.txt"
     for f in profile-summary.txt bench.txt; do
