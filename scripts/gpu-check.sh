@@ -39,7 +39,7 @@
 #       of next leave that piece out (Note [next kernels]).
 #   scripts/gpu-check.sh all [DIR] [OUT] there: one device call for a
 #       whole lent session, as its machine goes back 30 s after a call:
-#       the stages GPU_ALL_STAGES (default `run nccl profile bench`; bench
+#       the stages GPU_ALL_STAGES (default `run profile bench nccl`; bench
 #       without its profile) one after another within GPU_ALL_S seconds
 #       (default 560), each step bounded by what is left (its exit status
 #       1 where a stage failed or was not reached). After each stage OUT
@@ -313,7 +313,7 @@ all)
   : >"$out/all.txt"
   deadline=$(($(date +%s) + ${GPU_ALL_S:-560}))
   failed=0
-  for stage in ${GPU_ALL_STAGES:-run nccl profile bench}; do
+  for stage in ${GPU_ALL_STAGES:-run profile bench nccl}; do
     left=$((deadline - $(date +%s)))
     if ((left < 30)); then
       echo "$stage: not run, ${left} s left" | tee -a "$out/all.txt"
