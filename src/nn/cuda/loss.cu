@@ -3,11 +3,12 @@
 // (kernel_math.hpp's argmax_row and softmax_xent_row), then one block-wide
 // sum so each block adds its loss and correct count to the device totals
 // with one atomicAdd each (a launch may take a batch's micro-shards, each
-// summed as a launch of its own would). The totals stay on the device: an epoch's metrics
-// need one read at its end, not one per step. Counts are whole numbers, exact
-// in any order; with exact_loss (--deterministic) each block's loss sum is
-// rounded to a multiple of 2^-20 first (fixed_point::round_loss_sum), so the
-// atomicAdds' order cannot change the total either.
+// summed as a launch of its own would). The totals stay on the device: an
+// epoch's metrics need one read at its end, not one per step. Counts are
+// whole numbers, exact in any order; with exact_loss (--deterministic) each
+// block's loss sum is rounded to a multiple of 2^-20 first
+// (fixed_point::round_loss_sum), so the atomicAdds' order cannot change the
+// total either.
 #include <algorithm>
 
 #include "ddp/core/error.hpp"          // DDP_CHECK
