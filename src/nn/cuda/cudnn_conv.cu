@@ -304,10 +304,12 @@ void CudnnConv::time_algorithms(cuda::Context& ctx, Plan& p, int batch) {
     const size_t nx = size_t(batch) * size_t(in_.numel()) * elem, ny = size_t(batch) * size_t(out_.numel()) * elem,
                  nw = size_t(weight_numel()) * elem;
     cudnnHandle_t dnn = ctx.dnn();
-    void* x = ctx.alloc(nx);
-    void* y = ctx.alloc(ny);
-    void* w = ctx.alloc(nw);
-    void* ws = ctx.alloc(kMaxWorkspace);
+    // Scratch given back however the timing ends.
+    const auto scratch = [&](size_t bytes) {
+      return cuda::DeviceBuffer(ctx, (bytes + sizeof(float) - 1) / sizeof(float));
+    };
+    const cuda::DeviceBuffer xb = scratch(nx), yb = scratch(ny), wb = scratch(nw), wsb = scratch(kMaxWorkspace);
+    void *x = xb.data(), *y = yb.data(), *w = wb.data(), *ws = wsb.data();
     const bool deterministic = ctx.deterministic();
     auto choose = [&](const auto& perf, int count, const char* what) {
       std::vector<TimedAlgo> t(size_t(std::max(count, 0)));
@@ -346,7 +348,6 @@ void CudnnConv::time_algorithms(cuda::Context& ctx, Plan& p, int batch) {
                                                                   CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
                                                                   bwd_filter, ws, kMaxWorkspace));
     const size_t wf = choose(bwd_filter, count, "backward-filter");
-    for (void* b : {x, y, w, ws}) ctx.free(b);
     timed = {int(fwd[f].algo),         int(run_math(fwd[f].mathType)),
              int(bwd_data[d].algo),    int(run_math(bwd_data[d].mathType)),
              int(bwd_filter[wf].algo), int(run_math(bwd_filter[wf].mathType))};

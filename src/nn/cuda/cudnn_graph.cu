@@ -265,38 +265,13 @@ std::vector<Engine> engines(cuda::Context& ctx, const OpGraph& g, Precision p, s
   return out;
 }
 
-// time_engines' operands and events, given back however it ends (a failed
-// timing falls back to the legacy call: GraphConv::make).
-class TimingScratch {
- public:
-  explicit TimingScratch(cuda::Context& ctx) : ctx_(ctx) {}
-  ~TimingScratch() {
-    for (void* b : buffers_) {
-      try {
-        ctx_.free(b);
-      } catch (const Error&) {  // the error that ended the timing is the one said
-      }
-    }
-    if (start) cudaEventDestroy(start);
-    if (stop) cudaEventDestroy(stop);
-  }
-  TimingScratch(const TimingScratch&) = delete;
-  TimingScratch& operator=(const TimingScratch&) = delete;
-  void make_events() {
-    DDP_CUDA_CHECK(cudaEventCreate(&start));
-    DDP_CUDA_CHECK(cudaEventCreate(&stop));
-  }
-  // n bytes of zeros (a beta of 1 reads the output).
-  void* zeros(size_t n) {
-    buffers_.push_back(ctx_.alloc(std::max<size_t>(n, 1)));
-    DDP_CUDA_CHECK(cudaMemsetAsync(buffers_.back(), 0, n, ctx_.compute()));
-    return buffers_.back();
-  }
-  cudaEvent_t start = nullptr, stop = nullptr;
-
- private:
-  cuda::Context& ctx_;
-  std::vector<void*> buffers_;
+// A timing's event, destroyed however the timing ends.
+struct TimingEvent {
+  TimingEvent() { DDP_CUDA_CHECK(cudaEventCreate(&e)); }
+  ~TimingEvent() { cudaEventDestroy(e); }
+  TimingEvent(const TimingEvent&) = delete;
+  TimingEvent& operator=(const TimingEvent&) = delete;
+  cudaEvent_t e = nullptr;
 };
 
 // The engines time_engines runs: usable ones, under --deterministic
@@ -308,38 +283,50 @@ std::vector<size_t> engines_to_time(const cuda::Context& ctx, const std::vector<
   return out;
 }
 
+// n bytes of zeros (a beta of 1 reads the output), given back however the
+// caller ends (a failed timing falls back to the legacy call:
+// GraphConv::make).
+cuda::DeviceBuffer zeros(cuda::Context& ctx, size_t n) {
+  cuda::DeviceBuffer b(ctx, std::max<size_t>((n + sizeof(float) - 1) / sizeof(float), 1));
+  DDP_CUDA_CHECK(cudaMemsetAsync(b.data(), 0, n, ctx.compute()));
+  return b;
+}
+
 // Zeros of the graph's shapes, and a workspace of `workspace` bytes.
 struct Operands {
-  void *x, *w, *y, *ws;
+  Operands(cuda::Context& ctx, const ConvGraphSpec& s, size_t workspace)
+      : x(zeros(ctx, bytes(s, s.shapes.x))),
+        w(zeros(ctx, bytes(s, s.shapes.w))),
+        y(zeros(ctx, bytes(s, s.shapes.y))),
+        ws(zeros(ctx, workspace)) {}
+  static size_t bytes(const ConvGraphSpec& s, const GraphTensor& t) {
+    return size_t(t.dims[0] * t.strides[0]) * (is_half(s.precision) ? 2 : 4);
+  }
+  cudnnStatus_t run(cuda::Context& ctx, const Desc& plan) const {
+    return execute(ctx, plan, x.data(), w.data(), y.data(), ws.data());
+  }
+  cuda::DeviceBuffer x, w, y, ws;
 };
-Operands zero_operands(TimingScratch& scratch, const ConvGraphSpec& s, size_t workspace) {
-  const size_t elem = is_half(s.precision) ? 2 : 4;
-  auto bytes = [&](const GraphTensor& t) { return size_t(t.dims[0] * t.strides[0]) * elem; };
-  return {scratch.zeros(bytes(s.shapes.x)), scratch.zeros(bytes(s.shapes.w)), scratch.zeros(bytes(s.shapes.y)),
-          scratch.zeros(workspace)};
-}
 
 // Note [measured algorithms] for engines: each usable one (the first
 // kMaxTimed; under --deterministic deterministic ones only, as no other may
 // be chosen) run once to warm up, then three times between two events, on
 // scratch operands of the graph's shapes.
 std::vector<TimedAlgo> time_engines(cuda::Context& ctx, const ConvGraphSpec& s, const std::vector<Engine>& es) {
-  const std::vector<size_t> run = engines_to_time(ctx, es);
+  const std::vector<size_t> timing = engines_to_time(ctx, es);
   size_t most = 0;  // the largest workspace of the engines run (each within the cap)
-  for (const size_t i : run) most = std::max(most, es[i].workspace);
-  TimingScratch scratch(ctx);
-  scratch.make_events();
-  const Operands o = zero_operands(scratch, s, most);
-  const cudaEvent_t start = scratch.start, stop = scratch.stop;
+  for (const size_t i : timing) most = std::max(most, es[i].workspace);
+  const Operands o(ctx, s, most);
+  const TimingEvent start, stop;
   std::vector<TimedAlgo> timed(es.size());
-  for (const size_t i : run) {
-    bool ok = execute(ctx, es[i].plan, o.x, o.w, o.y, o.ws) == CUDNN_STATUS_SUCCESS;
-    DDP_CUDA_CHECK(cudaEventRecord(start, ctx.compute()));
-    for (int r = 0; r < 3 && ok; ++r) ok = execute(ctx, es[i].plan, o.x, o.w, o.y, o.ws) == CUDNN_STATUS_SUCCESS;
-    DDP_CUDA_CHECK(cudaEventRecord(stop, ctx.compute()));
-    DDP_CUDA_CHECK(cudaEventSynchronize(stop));
+  for (const size_t i : timing) {
+    bool ok = o.run(ctx, es[i].plan) == CUDNN_STATUS_SUCCESS;
+    DDP_CUDA_CHECK(cudaEventRecord(start.e, ctx.compute()));
+    for (int r = 0; r < 3 && ok; ++r) ok = o.run(ctx, es[i].plan) == CUDNN_STATUS_SUCCESS;
+    DDP_CUDA_CHECK(cudaEventRecord(stop.e, ctx.compute()));
+    DDP_CUDA_CHECK(cudaEventSynchronize(stop.e));
     float ms = 0;
-    DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    DDP_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, stop.e));
     timed[i] = {ok, es[i].candidate.deterministic, ms / 3};
   }
   return timed;
@@ -348,10 +335,10 @@ std::vector<TimedAlgo> time_engines(cuda::Context& ctx, const ConvGraphSpec& s, 
 // An engine the heuristics ranked first, run once on zeros before a layer
 // relies on it (the timed ones have run): "" where it ran, else why not.
 std::string trial_run(cuda::Context& ctx, const ConvGraphSpec& s, const Engine& e) {
-  TimingScratch scratch(ctx);
-  const Operands o = zero_operands(scratch, s, e.workspace);
-  const cudnnStatus_t st = execute(ctx, e.plan, o.x, o.w, o.y, o.ws);
-  if (st != CUDNN_STATUS_SUCCESS) return detail::concat("its engine failed a trial run (", cudnnGetErrorString(st), ")");
+  const Operands o(ctx, s, e.workspace);
+  const cudnnStatus_t st = o.run(ctx, e.plan);
+  if (st != CUDNN_STATUS_SUCCESS)
+    return detail::concat("its engine failed a trial run (", cudnnGetErrorString(st), ")");
   DDP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));  // a fault of the run's own shows here
   return "";
 }
