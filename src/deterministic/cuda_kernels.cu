@@ -186,7 +186,8 @@ class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
 
 class CudaShardDevice final : public nn::CudaDevice, public ShardsTogether, public ShardStreams {
  public:
-  using CudaDevice::CudaDevice;
+  // No claimed runs: the micro-shards' kernels are op by op.
+  explicit CudaShardDevice(cuda::Context& ctx) : CudaDevice(ctx, nn::CudaDeviceOptions{std::nullopt, false}) {}
   bool shard_gradients_together() const override { return ctx_.next(NextKernel::ShardsTogether); }
   // Note [shard streams] (asked for only where shard_gradients_together).
   void on_streams(int64_t n, const std::function<void(int64_t)>& body) override {

@@ -89,8 +89,8 @@ Model::Model(Graph graph, Device& device, StatsReducer* stats)
     OpArgs& a = args_[i];
     int counters = 0;
     for (size_t k = i; k < i + n; ++k) {
-      DDP_CHECK(n == 1 || !half_op_[k], "model ", g.model, ": op ", g.ops[k].name,
-                ": a convolution or linear layer runs alone (Note [mixed precision])");
+      DDP_CHECK(k == i || !half_op_[k], "model ", g.model, ": op ", g.ops[k].name,
+                ": a convolution or linear layer heads the run of ops it is in (Note [mixed precision])");
       run_first_[k] = i;
       for (size_t q : g.op_params[k]) {
         a.p.push_back(params() + g.params[q].offset);
@@ -155,9 +155,17 @@ bool Model::any_half_op() const {
 }
 
 void Model::set_precision(Precision p) {
+  // A half op heads its run (Note [claimed runs]): the kernel is its run's.
+  std::vector<bool> native(graph_.ops.size(), false);
+  for (size_t i = 0; i < graph_.ops.size(); ++i) {
+    native[i] = half_op_[i] && kernels_[i]->set_precision(p);
+    // Model rounds only around an op that runs alone.
+    DDP_CHECK(!is_half(p) || !half_op_[i] || native[i] || run_[i] == 1, "model ", name(), ": op ",
+              graph_.ops[i].name, ": the run of ", run_[i], " ops from it does not compute in ", to_string(p),
+              " itself");
+  }
   precision_ = p;
-  // A half op runs alone: its kernel is its own (Note [claimed runs]).
-  for (size_t i = 0; i < graph_.ops.size(); ++i) native_[i] = half_op_[i] && kernels_[i]->set_precision(p);
+  native_ = native;
   const bool half = any_half_op();
   size_t most = 1;
   for (size_t i = 0; i < graph_.ops.size(); ++i)
@@ -166,7 +174,7 @@ void Model::set_precision(Precision p) {
   half_dp_ = half ? device_.alloc(most) : nullptr;
   // The half ops read their weights from the rounded copy.
   for (size_t i = 0; i < graph_.ops.size(); ++i) {
-    if (run_[i] != 1) continue;  // inside or the head of a run: no half op
+    if (run_[i] != 1) continue;  // inside a run, or heading one: no half op (checked above)
     float* base = half_op(i) ? half_params_->data() : params();
     for (size_t j = 0; j < graph_.op_params[i].size(); ++j)
       args_[i].p[j] = base + graph_.params[graph_.op_params[i][j]].offset;
@@ -182,18 +190,22 @@ void Model::reserve(int batch) {
   grad_slots_.clear();
   size_t largest = 0;
   std::vector<size_t> slot_size(size_t(graph_.grad_slots), 0);
+  // A value inside a claimed run is nobody's to read, and its gradient
+  // nobody's to write (Note [claimed runs]): no arrays for them.
+  const auto inner = [&](size_t v) { return v < run_first_[v - 1] + run_[run_first_[v - 1]]; };
   for (size_t v = 1; v < graph_.values.size(); ++v) {
     const size_t n = size_t(batch) * size_t(graph_.values[v].numel());
     largest = std::max(largest, n);
-    acts_[v] = device_.alloc(n);
+    acts_[v] = inner(v) ? nullptr : device_.alloc(n);
     // No gradient is kept for the logits (the caller's) or for a value no
     // op reads.
-    if (const int s = graph_.grad_slot[v]; s >= 0) slot_size[size_t(s)] = std::max(slot_size[size_t(s)], n);
+    if (const int s = graph_.grad_slot[v]; s >= 0 && !inner(v))
+      slot_size[size_t(s)] = std::max(slot_size[size_t(s)], n);
   }
   for (size_t n : slot_size) grad_slots_.push_back(device_.alloc(n));
   for (size_t v = 1; v < graph_.values.size(); ++v) {
     const int s = graph_.grad_slot[v];
-    dacts_[v] = s >= 0 ? grad_slots_[size_t(s)]->data() : nullptr;
+    dacts_[v] = s >= 0 && !inner(v) ? grad_slots_[size_t(s)]->data() : nullptr;
   }
   scratch_ = device_.alloc(largest);
   // Note [mixed precision]: the half ops' rounded inputs and d(output).

@@ -13,7 +13,11 @@
 // buffers and counter of all its ops, in op order) and once backward (dx:
 // the outside inputs' gradients), and reports the run's gradients ready
 // after it. Only a run whose inner values nobody else reads may be claimed
-// (claimable_run), so nothing else needs them, and they are not written.
+// (claimable_run), so nothing else needs them: the executor keeps no array
+// for them, and the kernel keeps them as it likes (in 16 bits: Note [16-bit
+// handoff], src/nn/cuda/conv_bn.cu). A convolution or linear layer may only
+// head a run, whose kernel then computes in the precision itself (Note
+// [mixed precision]: Model rounds only around an op that runs alone).
 // One thing a run's backward must allow: the output's gradient array may be
 // the one an outside input's gradient is written to (Note [gradient slots]
 // in graph.cpp shares an array between gradients whose ops do not overlap,

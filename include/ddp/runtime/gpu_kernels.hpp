@@ -23,6 +23,8 @@ enum class NextKernel {
   GraphConv,          // convolutions through cuDNN's graph API (Note [graph engines])
   ConvBiasSums,       // a convolution's bias gradient summed as BatchNorm's sums are
   BnAct,              // BatchNorm with its ReLU or residual add as one kernel (Note [claimed runs])
+  ConvBn,             // a convolution and the BatchNorm after it as one kernel, 16 bits between them
+                      // (Note [16-bit handoff])
   SyncBnOnDevice,     // SyncBatchNorm's sums over NCCL on the device
   OneRank,            // no collective at one rank
   LossScaleOnDevice,  // fp16's loss scaler deciding on the device (Note [loss scale on the device])

@@ -56,18 +56,44 @@ __device__ void block_sum2(double* sa, double* sb, double a, double b) {
   }
 }
 
+// What a thread reads: value k of a tensor as a float (at) or a double (fp32,
+// or 16-bit values: the gradients of Note [half kernels], a convolution's
+// output handed over in 16 bits, Note [16-bit handoff] in conv_bn.cu).
+struct FloatValues {
+  const float* p;
+  __device__ float at(int64_t k) const { return __ldg(p + k); }
+  __device__ double operator()(int64_t k) const { return double(at(k)); }
+};
+struct HalfValues {
+  const uint16_t* p;
+  Precision prec;
+  __device__ float at(int64_t k) const { return half_bits_to_float(prec, __ldg(p + k)); }
+  __device__ double operator()(int64_t k) const { return double(at(k)); }
+};
+// And where it writes an input gradient: floats, or 16-bit values (their
+// rounding, Note [16-bit handoff]); p nullptr: nowhere.
+struct FloatOut {
+  float* p;
+  __device__ void put(int64_t k, float v) const { p[k] = v; }
+};
+struct HalfOut {
+  uint16_t* p;
+  Precision prec;
+  __device__ void put(int64_t k, float v) const { p[k] = to_half_bits(prec, v); }
+};
+
 // --gpu-kernels proven: block ch: out[ch] = sum of x over the channel's values; with mean, the sum
 // of (x - mean[ch])^2 instead.
+template <typename Values>
 __global__ void __launch_bounds__(kThreads)
-    bn_sums_kernel(int batch, int c, int hw, const float* __restrict__ x, const float* __restrict__ mean,
-                   double* __restrict__ out) {
+    bn_sums_kernel(int batch, int c, int hw, Values x, const float* __restrict__ mean, double* __restrict__ out) {
   __shared__ double sa[kThreads], sb[kThreads];
   const int ch = blockIdx.x;
   const double m = mean ? double(mean[ch]) : 0.0;
   const int64_t n = int64_t(batch) * hw;
   double s = 0.0;
   for (int64_t j = threadIdx.x; j < n; j += kThreads) {
-    const double v = double(x[(j / hw * c + ch) * hw + j % hw]);
+    const double v = x((j / hw * c + ch) * hw + j % hw);
     s += mean ? (v - m) * (v - m) : v;
   }
   block_sum2(sa, sb, s, 0.0);
@@ -81,8 +107,9 @@ __device__ __forceinline__ float bn_dy(const float* dy, const float* relu_y, int
 }
 
 // Block ch: out[ch] = sum(dy), out[c + ch] = sum(dy * (x - mean)).
+template <typename Values>
 __global__ void __launch_bounds__(kThreads)
-    bn_grad_sums_kernel(int batch, int c, int hw, const float* __restrict__ x, const float* __restrict__ mean,
+    bn_grad_sums_kernel(int batch, int c, int hw, Values x, const float* __restrict__ mean,
                         const float* __restrict__ dy, const float* __restrict__ relu_y, double* __restrict__ out) {
   __shared__ double sa[kThreads], sb[kThreads];
   const int ch = blockIdx.x;
@@ -93,7 +120,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t k = (j / hw * c + ch) * hw + j % hw;
     const double g = double(bn_dy(dy, relu_y, k));
     s += g;
-    sx += g * (double(x[k]) - m);
+    sx += g * (x(k) - m);
   }
   block_sum2(sa, sb, s, sx);
   if (threadIdx.x == 0) {
@@ -105,21 +132,22 @@ __global__ void __launch_bounds__(kThreads)
 // --gpu-kernels next: block (run, ch) of Note [batch norm sums]: sums run `run` of channel ch's
 // values (value j is pixel j % hw of image j / hw) into part[ch * runs + run]:
 // of x; with mean, of (x - mean[ch])^2 instead.
+template <typename Values>
 __global__ void __launch_bounds__(kThreads)
-    bn_run_sums_kernel(int64_t values, int64_t per_split, int c, int hw, int64_t shard_elems,
-                       const float* __restrict__ x, const float* __restrict__ mean, double* __restrict__ part) {
+    bn_run_sums_kernel(int64_t values, int64_t per_split, int c, int hw, int64_t shard_elems, Values x,
+                       const float* __restrict__ mean, double* __restrict__ part) {
   __shared__ double sa[kThreads], sb[kThreads];
   const int run = blockIdx.x, runs = gridDim.x, ch = blockIdx.y;
   // Note [shards in one launch]: block z sums micro-shard z as a launch of
   // its own would.
-  x += blockIdx.z * shard_elems;
+  x.p += blockIdx.z * shard_elems;
   part += int64_t(blockIdx.z) * c * runs;
   const double m = mean ? double(mean[ch]) : 0.0;
   const int64_t end = min(values, (run + 1) * per_split);
   double s = 0.0;
   for (int64_t j = run * per_split + threadIdx.x; j < end; j += kThreads) {
     const unsigned image = unsigned(j) / unsigned(hw);  // 32-bit: launch_sums checks the range
-    const double v = double(x[(int64_t(image) * c + ch) * hw + (j - int64_t(image) * hw)]);
+    const double v = x((int64_t(image) * c + ch) * hw + (j - int64_t(image) * hw));
     s += mean ? (v - m) * (v - m) : v;
   }
   block_sum2(sa, sb, s, 0.0);
@@ -128,13 +156,14 @@ __global__ void __launch_bounds__(kThreads)
 
 // Block (run, ch): part[ch * runs + run] = its run's sum(dy), and
 // part[(c + ch) * runs + run] = its sum(dy * (x - mean)).
+template <typename Values>
 __global__ void __launch_bounds__(kThreads)
-    bn_run_grad_sums_kernel(int64_t values, int64_t per_split, int c, int hw, int64_t shard_elems,
-                        const float* __restrict__ x, const float* __restrict__ mean, const float* __restrict__ dy,
-                        const float* __restrict__ relu_y, double* __restrict__ part) {
+    bn_run_grad_sums_kernel(int64_t values, int64_t per_split, int c, int hw, int64_t shard_elems, Values x,
+                            const float* __restrict__ mean, const float* __restrict__ dy,
+                            const float* __restrict__ relu_y, double* __restrict__ part) {
   __shared__ double sa[kThreads], sb[kThreads];
   const int run = blockIdx.x, runs = gridDim.x, ch = blockIdx.y;
-  x += blockIdx.z * shard_elems;
+  x.p += blockIdx.z * shard_elems;
   dy += blockIdx.z * shard_elems;
   if (relu_y) relu_y += blockIdx.z * shard_elems;
   part += int64_t(blockIdx.z) * 2 * c * runs;
@@ -146,7 +175,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t k = (int64_t(image) * c + ch) * hw + (j - int64_t(image) * hw);
     const double g = double(bn_dy(dy, relu_y, k));
     s += g;
-    sx += g * (double(x[k]) - m);
+    sx += g * (x(k) - m);
   }
   block_sum2(sa, sb, s, sx);
   if (threadIdx.x == 0) {
@@ -156,18 +185,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Note [channels last sums] (nn/cuda/bn_plan.hpp), over an NHWC tensor of
-// `rows` rows of c channels. What a thread reads: value k of the tensor as a
-// double (fp32, or the 16-bit gradients of Note [half kernels]).
-struct FloatValues {
-  const float* p;
-  __device__ double operator()(int64_t k) const { return double(p[k]); }
-};
-struct HalfValues {
-  const uint16_t* p;
-  Precision prec;
-  __device__ double operator()(int64_t k) const { return double(half_bits_to_float(prec, p[k])); }
-};
-
+// `rows` rows of c channels.
 // Block (run, group): channels group * kNhwcGroup on, rows run * per_split
 // on; part[ch * runs + run] = the run's sum of channel ch (with mean: of
 // (x - mean[ch])^2).
@@ -201,14 +219,15 @@ __global__ void __launch_bounds__(kThreads)
 
 // The same for backward: part[ch * runs + run] = the run's sum(dy), part[(c +
 // ch) * runs + run] = its sum(dy * (x - mean)).
+template <typename Values>
 __global__ void __launch_bounds__(kThreads)
-    nhwc_run_grad_sums_kernel(int64_t rows, int64_t per_split, int c, const float* __restrict__ x,
-                              const float* __restrict__ mean, const float* __restrict__ dy,
-                              const float* __restrict__ relu_y, double* __restrict__ part) {
+    nhwc_run_grad_sums_kernel(int64_t rows, int64_t per_split, int c, Values x, const float* __restrict__ mean,
+                              const float* __restrict__ dy, const float* __restrict__ relu_y,
+                              double* __restrict__ part) {
   __shared__ double sa[kThreads], sb[kThreads];
   const int run = blockIdx.x, runs = gridDim.x, lane = threadIdx.x % kNhwcGroup, warp = threadIdx.x / kNhwcGroup;
   const int64_t shard_elems = rows * c;  // Note [shards in one launch]
-  x += blockIdx.z * shard_elems;
+  x.p += blockIdx.z * shard_elems;
   dy += blockIdx.z * shard_elems;
   if (relu_y) relu_y += blockIdx.z * shard_elems;
   part += int64_t(blockIdx.z) * 2 * c * runs;
@@ -221,7 +240,7 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t k = r * c + ch;
       const double g = double(bn_dy(dy, relu_y, k));
       s += g;
-      sx += g * (double(x[k]) - m);
+      sx += g * (x(k) - m);
     }
   }
   sa[threadIdx.x] = s;
@@ -310,29 +329,62 @@ __global__ void bn_apply_kernel(int64_t n, int c, int hw, const float* __restric
 
 // Note [claimed runs]: the normalised value, then the residual add (z, when
 // not nullptr) and the ReLU, as the Add and ReLU kernels compute them.
-__global__ void bn_act_apply_kernel(int64_t n, int c, int hw, const float* __restrict__ x,
-                                    const float* __restrict__ z, bool relu, const float* __restrict__ chan,
-                                    float* __restrict__ y) {
+template <typename Values>
+__global__ void bn_act_apply_kernel(int64_t n, int c, int hw, Values x, const float* __restrict__ z, bool relu,
+                                    const float* __restrict__ chan, float* __restrict__ y) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int ch = int(i / hw % c);
-    const float v = kernel::bn_apply_at(x[i], chan[2 * c + ch], chan[3 * c + ch]);
+    const float v = kernel::bn_apply_at(x.at(i), chan[2 * c + ch], chan[3 * c + ch]);
     y[i] = z ? kernel::add_at(v, z[i], relu) : relu ? kernel::relu_at(v) : v;
   }
 }
 
-// dx (may be nullptr) from the gradient reaching the BatchNorm (bn_dy),
+// dx (may be nowhere) from the gradient reaching the BatchNorm (bn_dy),
 // which a claimed run's add also passes to its shortcut (dz, may be
 // nullptr). dy may be dx's or dz's array (Note [claimed runs]): each element
 // is read before it is written, so no __restrict__ on them.
-__global__ void bn_backward_kernel(int64_t n, int c, int hw, const float* __restrict__ x, const float* dy,
-                                   const float* __restrict__ relu_y, const float* __restrict__ chan, float* dx,
+template <typename Values, typename Out>
+__global__ void bn_backward_kernel(int64_t n, int c, int hw, Values x, const float* dy,
+                                   const float* __restrict__ relu_y, const float* __restrict__ chan, Out dx,
                                    float* dz) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int ch = int(i / hw % c);
     const float g = bn_dy(dy, relu_y, i);
     if (dz) dz[i] = g;
-    if (dx) dx[i] = kernel::bn_backward_at(x[i], g, chan[ch], chan[4 * c + ch], chan[5 * c + ch], chan[6 * c + ch]);
+    if (dx.p)
+      dx.put(i, kernel::bn_backward_at(x.at(i), g, chan[ch], chan[4 * c + ch], chan[5 * c + ch], chan[6 * c + ch]));
   }
+}
+
+// channel_sums_cuda and channel_sums_nhwc_cuda of any values.
+template <typename Values>
+void nchw_sums(cuda::Context& ctx, Values x, const float* mean, int images, int c, int hw, double* parts,
+               double* out, int shards = 1) {
+  const int64_t values = int64_t(images) * hw;
+  DDP_CHECK(values < (int64_t(1) << 31), values, " values a channel in one call; at most 2^31 are supported");
+  check_sum_grid("channel sums", c, shards);
+  const BnSplit plan = plan_bn_split(values, c, ctx.sms());
+  const cudaStream_t s = ctx.compute();
+  bn_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c), unsigned(shards)), kThreads, 0, s>>>(
+      values, plan.per_split, c, hw, values * c, x, mean, parts);
+  DDP_CUDA_CHECK_LAUNCH(bn_run_sums_kernel);
+  bn_runs_kernel<<<cuda_grid(c * shards), kCudaThreads, 0, s>>>(c * shards, plan.splits, parts, out);
+  DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
+}
+
+template <typename Values>
+void nhwc_sums(cuda::Context& ctx, Values x, const float* mean, int64_t rows, int c, double* parts, double* out,
+               int shards = 1) {
+  DDP_CHECK(rows < (int64_t(1) << 31), rows, " values a channel in one call; at most 2^31 are supported");
+  if (c <= 0) return;
+  check_sum_grid("channel sums", c, shards);
+  const BnSplit plan = plan_nhwc_split(rows, c, ctx.sms());
+  const cudaStream_t s = ctx.compute();
+  nhwc_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(nhwc_channel_groups(c)), unsigned(shards)), kThreads, 0,
+                         s>>>(rows, plan.per_split, c, x, mean, parts);
+  DDP_CUDA_CHECK_LAUNCH(nhwc_run_sums_kernel);
+  bn_runs_kernel<<<cuda_grid(c * shards), kCudaThreads, 0, s>>>(c * shards, plan.splits, parts, out);
+  DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
 }
 
 }  // namespace
@@ -360,17 +412,16 @@ CudaBatchNorm::~CudaBatchNorm() {
 
 void CudaBatchNorm::launch_sums(int images, int shards, const float* x, const float* mean, const float* dy,
                                 double* out, const float* relu_y) {
+  launch_sums(images, shards, BnValues{x}, mean, dy, out, relu_y);
+}
+
+void CudaBatchNorm::launch_sums(int images, int shards, const BnValues& x, const float* mean, const float* dy,
+                                double* out, const float* relu_y) {
   const cudaStream_t s = ctx_.compute();
   DDP_CHECK(split_ || shards == 1, "BatchNorm2d ", op_.name, ": micro-shards in one launch need the split sums");
   if (!split_) {
-    if (!dy) {
-      bn_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, x, mean, out);
-      DDP_CUDA_CHECK_LAUNCH(bn_sums_kernel);
-    } else {
-      bn_grad_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, x, mean, dy, relu_y, out);
-      DDP_CUDA_CHECK_LAUNCH(bn_grad_sums_kernel);
-    }
-    return;
+    if (x.h) return block_sums(HalfValues{x.h, x.prec}, images, mean, dy, relu_y, out);
+    return block_sums(FloatValues{x.f}, images, mean, dy, relu_y, out);
   }
   const int64_t values = int64_t(images) * hw_;
   DDP_CHECK(values < (int64_t(1) << 31), "BatchNorm2d ", op_.name, ": ", values,
@@ -378,8 +429,30 @@ void CudaBatchNorm::launch_sums(int images, int shards, const float* x, const fl
   // The grids' second dimension is the channel (NCHW), the third the micro-shard.
   check_sum_grid("BatchNorm2d " + op_.name, c_, shards);
   double* parts = parts_for(shards);
+  if (x.h) return split_sums(HalfValues{x.h, x.prec}, images, shards, mean, dy, relu_y, parts, out);
+  split_sums(FloatValues{x.f}, images, shards, mean, dy, relu_y, parts, out);
+}
+
+template <typename Values>
+void CudaBatchNorm::block_sums(Values x, int images, const float* mean, const float* dy, const float* relu_y,
+                               double* out) {
+  const cudaStream_t s = ctx_.compute();
+  if (!dy) {
+    bn_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, x, mean, out);
+    DDP_CUDA_CHECK_LAUNCH(bn_sums_kernel);
+  } else {
+    bn_grad_sums_kernel<<<c_, kThreads, 0, s>>>(images, c_, hw_, x, mean, dy, relu_y, out);
+    DDP_CUDA_CHECK_LAUNCH(bn_grad_sums_kernel);
+  }
+}
+
+template <typename Values>
+void CudaBatchNorm::split_sums(Values x, int images, int shards, const float* mean, const float* dy,
+                               const float* relu_y, double* parts, double* out) {
+  const cudaStream_t s = ctx_.compute();
+  const int64_t values = int64_t(images) * hw_;
   if (layout_ == Layout::NHWC) {
-    if (!dy) return channel_sums_nhwc_cuda(ctx_, x, mean, values, c_, parts, out, shards);
+    if (!dy) return nhwc_sums(ctx_, x, mean, values, c_, parts, out, shards);
     const BnSplit plan = plan_nhwc_split(values, c_, ctx_.sms());
     nhwc_run_grad_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(nhwc_channel_groups(c_)), unsigned(shards)),
                                 kThreads, 0, s>>>(values, plan.per_split, c_, x, mean, dy, relu_y, parts);
@@ -388,7 +461,7 @@ void CudaBatchNorm::launch_sums(int images, int shards, const float* x, const fl
     DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
     return;
   }
-  if (!dy) return channel_sums_cuda(ctx_, x, mean, images, c_, hw_, parts, out, shards);
+  if (!dy) return nchw_sums(ctx_, x, mean, images, c_, hw_, parts, out, shards);
   const BnSplit plan = plan_bn_split(values, c_, ctx_.sms());
   bn_run_grad_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c_), unsigned(shards)), kThreads, 0, s>>>(
       values, plan.per_split, c_, hw_, values * c_, x, mean, dy, relu_y, parts);
@@ -418,36 +491,8 @@ double* CudaBatchNorm::parts_for(int shards) {
 
 void channel_sums_cuda(cuda::Context& ctx, const float* x, const float* mean, int images, int c, int hw,
                        double* parts, double* out, int shards) {
-  const int64_t values = int64_t(images) * hw;
-  DDP_CHECK(values < (int64_t(1) << 31), values, " values a channel in one call; at most 2^31 are supported");
-  check_sum_grid("channel sums", c, shards);
-  const BnSplit plan = plan_bn_split(values, c, ctx.sms());
-  const cudaStream_t s = ctx.compute();
-  bn_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c), unsigned(shards)), kThreads, 0, s>>>(
-      values, plan.per_split, c, hw, values * c, x, mean, parts);
-  DDP_CUDA_CHECK_LAUNCH(bn_run_sums_kernel);
-  bn_runs_kernel<<<cuda_grid(c * shards), kCudaThreads, 0, s>>>(c * shards, plan.splits, parts, out);
-  DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
+  nchw_sums(ctx, FloatValues{x}, mean, images, c, hw, parts, out, shards);
 }
-
-namespace {
-
-template <typename Values>
-void nhwc_sums(cuda::Context& ctx, Values x, const float* mean, int64_t rows, int c, double* parts, double* out,
-               int shards = 1) {
-  DDP_CHECK(rows < (int64_t(1) << 31), rows, " values a channel in one call; at most 2^31 are supported");
-  if (c <= 0) return;
-  check_sum_grid("channel sums", c, shards);
-  const BnSplit plan = plan_nhwc_split(rows, c, ctx.sms());
-  const cudaStream_t s = ctx.compute();
-  nhwc_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(nhwc_channel_groups(c)), unsigned(shards)), kThreads, 0,
-                         s>>>(rows, plan.per_split, c, x, mean, parts);
-  DDP_CUDA_CHECK_LAUNCH(nhwc_run_sums_kernel);
-  bn_runs_kernel<<<cuda_grid(c * shards), kCudaThreads, 0, s>>>(c * shards, plan.splits, parts, out);
-  DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
-}
-
-}  // namespace
 
 void channel_sums_nhwc_cuda(cuda::Context& ctx, const float* x, const float* mean, int64_t rows, int c,
                             double* parts, double* out, int shards) {
@@ -483,14 +528,14 @@ void CudaBatchNorm::channel_sums(const OpArgs& a, size_t width, const RunSum& su
 }
 
 void CudaBatchNorm::forward(const OpArgs& a) {
-  forward_stats(a);
+  forward_stats(a, BnValues{a.x[0]});
   const int64_t n = int64_t(a.batch) * c_ * hw_;
   if (n <= 0) return;
   bn_apply_kernel<<<cuda_grid(n), kCudaThreads, 0, ctx_.compute()>>>(n, c_, pixel_stride(), a.x[0], chan_, a.y);
   DDP_CUDA_CHECK_LAUNCH(bn_apply_kernel);
 }
 
-void CudaBatchNorm::forward_stats(const OpArgs& a) {
+void CudaBatchNorm::forward_stats(const OpArgs& a, const BnValues& x) {
   const cudaStream_t s = ctx_.compute();
   const unsigned cgrid = cuda_grid(c_);
   if (a.mode == Mode::Eval) {
@@ -503,7 +548,7 @@ void CudaBatchNorm::forward_stats(const OpArgs& a) {
     channel_sums(
         a, size_t(c_),
         [&](int64_t first, int images, int shards, double* out) {
-          launch_sums(images, shards, a.x[0] + first * image, nullptr, nullptr, out);
+          launch_sums(images, shards, x + first * image, nullptr, nullptr, out);
         },
         nullptr, "batch mean");
     bn_mean_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, chan_);
@@ -511,7 +556,7 @@ void CudaBatchNorm::forward_stats(const OpArgs& a) {
     channel_sums(
         a, size_t(c_),
         [&](int64_t first, int images, int shards, double* out) {
-          launch_sums(images, shards, a.x[0] + first * image, chan_, nullptr, out);
+          launch_sums(images, shards, x + first * image, chan_, nullptr, out);
         },
         nullptr, "batch variance");
     bn_train_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, op_.eps, op_.momentum, a.p[0], a.p[1], chan_,
@@ -522,10 +567,11 @@ void CudaBatchNorm::forward_stats(const OpArgs& a) {
 }
 
 void CudaBatchNorm::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
-  backward_from(a, dy, nullptr, dx[0], nullptr);
+  backward_from(a, BnValues{a.x[0]}, dy, nullptr, BnGrad{dx[0]}, nullptr);
 }
 
-void CudaBatchNorm::backward_from(const OpArgs& a, const float* dy, const float* relu_y, float* dx, float* dz) {
+void CudaBatchNorm::backward_from(const OpArgs& a, const BnValues& x, const float* dy, const float* relu_y,
+                                  const BnGrad& dx, float* dz) {
   const cudaStream_t s = ctx_.compute();
   const unsigned cgrid = cuda_grid(c_);
   const int64_t image = int64_t(c_) * hw_;
@@ -539,19 +585,39 @@ void CudaBatchNorm::backward_from(const OpArgs& a, const float* dy, const float*
   channel_sums(
       a, 2 * size_t(c_),
       [&](int64_t first, int images, int shards, double* out) {
-        launch_sums(images, shards, a.x[0] + first * image, chan_, dy + first * image, out,
+        launch_sums(images, shards, x + first * image, chan_, dy + first * image, out,
                     relu_y ? relu_y + first * image : nullptr);
       },
       &grads, "gradient sums");
-  if (!dx && !dz) return;
+  if (!dx.f && !dx.h && !dz) return;
   const double count = double(a.batch) * hw_ * (stats_ ? stats_->ranks() : 1);
   bn_backward_channel_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, a.p[0], chan_);
   DDP_CUDA_CHECK_LAUNCH(bn_backward_channel_kernel);
   const int64_t n = int64_t(a.batch) * c_ * hw_;
   if (n <= 0) return;
-  bn_backward_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, pixel_stride(), a.x[0], dy, relu_y, chan_, dx,
-                                                           dz);
+  // A 16-bit input has its gradient in 16 bits (Note [16-bit handoff]).
+  DDP_CHECK(x.h ? !dx.f : !dx.h, "BatchNorm2d ", op_.name, ": an input and its gradient of two widths");
+  const unsigned grid = cuda_grid(n);
+  if (x.h)
+    bn_backward_kernel<<<grid, kCudaThreads, 0, s>>>(n, c_, pixel_stride(), HalfValues{x.h, x.prec}, dy, relu_y, chan_,
+                                                     HalfOut{dx.h, dx.prec}, dz);
+  else
+    bn_backward_kernel<<<grid, kCudaThreads, 0, s>>>(n, c_, pixel_stride(), FloatValues{x.f}, dy, relu_y, chan_,
+                                                     FloatOut{dx.f}, dz);
   DDP_CUDA_CHECK_LAUNCH(bn_backward_kernel);
+}
+
+void CudaBatchNorm::apply(const OpArgs& a, const BnValues& x, const float* z, bool relu) {
+  const int64_t n = int64_t(a.batch) * c_ * hw_;
+  if (n <= 0) return;
+  const cudaStream_t s = ctx_.compute();
+  if (x.h)
+    bn_act_apply_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, pixel_stride(), HalfValues{x.h, x.prec}, z, relu,
+                                                               chan_, a.y);
+  else
+    bn_act_apply_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, pixel_stride(), FloatValues{x.f}, z, relu,
+                                                               chan_, a.y);
+  DDP_CUDA_CHECK_LAUNCH(bn_act_apply_kernel);
 }
 
 CudaBatchNormAct::CudaBatchNormAct(const Graph& g, size_t i, cuda::Context& ctx, StatsReducer* stats, Layout layout)
@@ -564,16 +630,13 @@ CudaBatchNormAct::CudaBatchNormAct(const Graph& g, size_t i, cuda::Context& ctx,
 // a.x: the BatchNorm's input, then the add's other one (run_inputs); a.y:
 // the run's output, the ReLU's or the add's.
 void CudaBatchNormAct::forward(const OpArgs& a) {
-  forward_stats(a);
-  const int64_t n = int64_t(a.batch) * c_ * hw_;
-  if (n <= 0) return;
-  bn_act_apply_kernel<<<cuda_grid(n), kCudaThreads, 0, ctx_.compute()>>>(
-      n, c_, pixel_stride(), a.x[0], add_ ? a.x[1] : nullptr, relu_, chan(), a.y);
-  DDP_CUDA_CHECK_LAUNCH(bn_act_apply_kernel);
+  const BnValues x{a.x[0]};
+  forward_stats(a, x);
+  apply(a, x, add_ ? a.x[1] : nullptr, relu_);
 }
 
 void CudaBatchNormAct::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
-  backward_from(a, dy, relu_ ? a.y : nullptr, dx[0], add_ ? dx[1] : nullptr);
+  backward_from(a, BnValues{a.x[0]}, dy, relu_ ? a.y : nullptr, BnGrad{dx[0]}, add_ ? dx[1] : nullptr);
 }
 
 }  // namespace ddp::nn

@@ -594,17 +594,24 @@ void CudnnConv::add_weight_grad(cuda::Context& ctx, const void* src, float* dw) 
     from_half_cuda(dw, static_cast<const uint16_t*>(src), weight_numel(), precision_, /*add=*/true, ctx.compute());
 }
 
+// x and w as 16-bit copies into the forward's staging pieces at (x into
+// xh where given), convolved into yh (16 bits, no bias). The plan comes
+// first: making it may use the staging memory.
+void CudnnConv::convolve_half(cuda::Context& ctx, const Plan& p, int batch, const float* x, const float* w,
+                              const std::vector<void*>& at, uint16_t* yh, uint16_t* xh) {
+  if (!xh) xh = static_cast<uint16_t*>(at[0]);
+  auto* wh = static_cast<uint16_t*>(at[1]);
+  to_half_cuda(xh, x, int64_t(batch) * in_.numel(), precision_, ctx.compute());
+  weights_for_cudnn(ctx, w, wh);
+  run_forward(ctx, p, xh, wh, yh);
+}
+
 void CudnnConv::forward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b,
                              float* y) {
   const Plan& p = plan(ctx, batch);
-  const int64_t nx = int64_t(batch) * in_.numel();
   const std::vector<void*> at = forward_staging(ctx, batch);
-  auto* xh = static_cast<uint16_t*>(at[0]);
-  auto* wh = static_cast<uint16_t*>(at[1]);
   auto* yh = static_cast<uint16_t*>(at[2]);
-  to_half_cuda(xh, x, nx, precision_, ctx.compute());
-  weights_for_cudnn(ctx, w, wh);
-  run_forward(ctx, p, xh, wh, yh);
+  convolve_half(ctx, p, batch, x, w, at, yh);
   // NHWC: channel i % c, as NCHW of one pixel a plane.
   const int64_t hw = int64_t(out_.h) * out_.w;
   if (layout_ == Layout::NHWC)
@@ -613,25 +620,63 @@ void CudnnConv::forward_half(cuda::Context& ctx, int batch, const float* x, cons
     planes_from_half_cuda(y, yh, b, batch, out_.c, hw, precision_, ctx.compute());
 }
 
+void CudnnConv::forward_to_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b,
+                                uint16_t* yh, uint16_t* xh) {
+  try {
+    DDP_CHECK(is_half(precision_), "a 16-bit output in ", to_string(precision_));
+    const Plan& p = plan(ctx, batch);
+    convolve_half(ctx, p, batch, x, w, forward_staging(ctx, batch), yh, xh);
+    const int64_t hw = int64_t(out_.h) * out_.w;
+    if (layout_ == Layout::NHWC)
+      planes_bias_half_cuda(yh, b, batch * hw, out_.c, 1, precision_, ctx.compute());
+    else
+      planes_bias_half_cuda(yh, b, batch, out_.c, hw, precision_, ctx.compute());
+  } catch (const Error& e) {
+    DDP_FAIL("op ", layer_, ": forward: ", e.what());
+  }
+}
+
 void CudnnConv::backward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy,
                               float* dw, float* db, float* dx) {
   const Plan& p = plan(ctx, batch);
-  const int64_t nx = int64_t(batch) * in_.numel(), ny = int64_t(batch) * out_.numel();
   const std::vector<void*> at = staging_pieces(ctx, backward_pieces(batch));
   auto* dyh = static_cast<uint16_t*>(at[0]);
-  auto* xh = static_cast<uint16_t*>(at[1]);
+  to_half_cuda(dyh, dy, int64_t(batch) * out_.numel(), precision_, ctx.compute());
+  backward_half_at(ctx, p, batch, x, nullptr, w, dyh, dw, db, dx, at);
+}
+
+void CudnnConv::backward_from_half(cuda::Context& ctx, int batch, const float* x, const uint16_t* xh,
+                                   const float* w, const uint16_t* dyh, float* dw, float* db, float* dx) {
+  try {
+    DDP_CHECK(is_half(precision_), "a 16-bit output gradient in ", to_string(precision_));
+    const Plan& p = plan(ctx, batch);
+    backward_half_at(ctx, p, batch, x, xh, w, dyh, dw, db, dx, staging_pieces(ctx, backward_pieces(batch)));
+  } catch (const Error& e) {
+    DDP_FAIL("op ", layer_, ": backward: ", e.what());
+  }
+}
+
+// backward_half from the 16-bit d(y), with the backward's staging pieces at
+// (the first, d(y)'s own, not read here), and x's 16-bit copy xh where
+// given (else made into at[1]).
+void CudnnConv::backward_half_at(cuda::Context& ctx, const Plan& p, int batch, const float* x, const uint16_t* xh,
+                                 const float* w, const uint16_t* dyh, float* dw, float* db, float* dx,
+                                 const std::vector<void*>& at) {
+  const int64_t nx = int64_t(batch) * in_.numel();
   auto* wh = static_cast<uint16_t*>(at[2]);
   auto* dwh = static_cast<uint16_t*>(at[3]);
   auto* dxh = static_cast<uint16_t*>(at[4]);
   cudaStream_t s = ctx.compute();
-  to_half_cuda(dyh, dy, ny, precision_, s);
   if (db && layout_ == Layout::NHWC)
     bias_grad(ctx, batch, dyh, db);
   else if (db)
     channel_grad_from_half_cuda(db, dyh, batch, out_.c, int64_t(out_.h) * out_.w, precision_, s);
   if (dw) {
     // The 16-bit gradient of this call, then added to the fp32 one.
-    to_half_cuda(xh, x, nx, precision_, s);
+    if (!xh) {
+      to_half_cuda(static_cast<uint16_t*>(at[1]), x, nx, precision_, s);
+      xh = static_cast<const uint16_t*>(at[1]);
+    }
     run_backward_filter(ctx, p, xh, dyh, 0.0f, dwh);
     add_weight_grad(ctx, dwh, dw);
   }

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "ddp/nn/cuda/kernels.hpp"
-#include "ddp/nn/cuda/bn_runs.hpp"     // bn_act_run: Note [claimed runs]
+#include "ddp/nn/cuda/bn_runs.hpp"     // bn_act_run, conv_bn_run: Note [claimed runs]
 #include "ddp/core/error.hpp"          // DDP_FAIL
 #include "ddp/runtime/cuda_check.hpp"  // DDP_CUDA_CHECK, DDP_CUDA_CHECK_LAUNCH
 
@@ -53,7 +53,11 @@ std::unique_ptr<Kernel> CudaDevice::kernel(const Graph& g, size_t i, StatsReduce
   const Layout l = layout(g);
   if (l == Layout::NHWC && !runs_nhwc(g, op)) DDP_FAIL("op ", op.name, ": no NHWC kernel for ", to_string(op.kind));
   switch (op.kind) {
-    case OpKind::Conv2d: return std::make_unique<CudaConv>(op, ctx_, l);
+    case OpKind::Conv2d:
+      if (options_.claim_runs && ctx_.next(NextKernel::ConvBn))
+        if (const size_t n = conv_bn_run(g, i, ctx_.next(NextKernel::BnAct)); n > 1)
+          return std::make_unique<CudaConvBn>(g, i, n, ctx_, stats, l, run_grads());
+      return std::make_unique<CudaConv>(op, ctx_, l);
     case OpKind::ConvReluPool: return std::make_unique<CudaConvReluPool>(op, ctx_);
     case OpKind::BatchNorm2d:
       if (options_.claim_runs && ctx_.next(NextKernel::BnAct) && bn_act_run(g, i))
@@ -67,6 +71,11 @@ std::unique_ptr<Kernel> CudaDevice::kernel(const Graph& g, size_t i, StatsReduce
     case OpKind::Linear: return std::make_unique<CudaLinear>(op, ctx_);
   }
   DDP_FAIL("no GPU kernel for ", to_string(op.kind));
+}
+
+std::shared_ptr<cuda::DeviceBuffer> CudaDevice::run_grads() {
+  if (!run_grads_) run_grads_ = std::make_shared<cuda::DeviceBuffer>();
+  return run_grads_;
 }
 
 std::unique_ptr<Array> CudaDevice::alloc(size_t n) { return std::make_unique<CudaArray>(ctx_, n); }

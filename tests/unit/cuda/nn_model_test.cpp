@@ -224,20 +224,36 @@ TEST_F(CudaModels, Resnet18ChannelsLastTwoSgdStepsMatchCpu) {
 }
 
 // Note [claimed runs]: with --gpu-kernels next the BatchNorms run the ReLU
-// or residual add after them; two steps of ResNet-18 give the op-by-op
-// run's logits, gradients, running statistics and parameters bit for bit,
-// in both layouts (deterministic cuDNN algorithms on both sides).
+// or residual add after them, and the convolutions the BatchNorm after
+// them (in bf16 and fp16 handing their output over in 16 bits: Note [16-bit
+// handoff]); two steps of ResNet-18 give the op-by-op run's logits,
+// gradients, running statistics and parameters bit for bit, in both layouts
+// and every precision, with BatchNorm's split sums and without
+// (deterministic cuDNN algorithms on both sides).
 TEST_F(CudaModels, ClaimedRunsAreBitwiseTheOpByOpRun) {
-  ctx().set_next_kernels(true);
   ctx().set_deterministic(true);
   const int batch = 16, classes = 10;
   const Shape input{1, 28, 28};
-  for (const bool channels_last : {false, true}) {
-    SCOPED_TRACE(channels_last ? "NHWC" : "NCHW");
+  struct Case {
+    bool channels_last;
+    Precision p;
+    const char* kernels;
+  };
+  for (const Case& c : {Case{false, Precision::F32, "next"}, Case{true, Precision::F32, "next"},
+                        Case{true, Precision::TF32, "next"}, Case{false, Precision::BF16, "next"},
+                        Case{true, Precision::BF16, "next"}, Case{false, Precision::F16, "next"},
+                        Case{true, Precision::F16, "next"}, Case{false, Precision::BF16, "next,-bn-split-sums"},
+                        Case{false, Precision::F32, "next,-bn-split-sums"}}) {
+    const bool channels_last = c.channels_last;
+    const Precision p = c.p;
+    SCOPED_TRACE(std::string(channels_last ? "NHWC " : "NCHW ") + to_string(p) + " " + c.kernels);
+    ctx().set_gpu_kernels(GpuKernels::parse(c.kernels));
     ctx().set_channels_last(channels_last);
     auto op_by_op = make_cuda_device(ctx(), CudaDeviceOptions{std::nullopt, /*claim_runs=*/false});
     auto claiming = make_cuda_device(ctx());
     Model a(model_graph("resnet18", input, classes), *op_by_op), b(model_graph("resnet18", input, classes), *claiming);
+    a.set_precision(p);
+    b.set_precision(p);
     const ModelState start = init_state(a.graph(), 42);
     a.set_state(start);
     b.set_state(start);

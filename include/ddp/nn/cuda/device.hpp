@@ -51,7 +51,10 @@ class CudaDevice : public Device {
   cuda::Context& ctx_;
 
  private:
+  // The buffer CudaConvBn's runs share for a gradient (kernels.hpp).
+  std::shared_ptr<cuda::DeviceBuffer> run_grads();
   CudaDeviceOptions options_;
+  std::shared_ptr<cuda::DeviceBuffer> run_grads_;
 };
 
 std::unique_ptr<Device> make_cuda_device(cuda::Context& ctx, CudaDeviceOptions options = {});

@@ -57,6 +57,11 @@ void add_rounded_cuda(float* dst, const float* src, int64_t n, Precision p, cuda
 // y = plane_from_half_at (precision.hpp) over images x channels x pixels.
 void planes_from_half_cuda(float* y, const uint16_t* yh, const float* b, int64_t images, int channels,
                            int64_t pixels, Precision p, cudaStream_t stream);
+// yh = the 16-bit bits of plane_from_half_at over yh, in place (b nullptr:
+// nothing to do): planes_from_half_cuda's values, kept in 16 bits (Note
+// [16-bit handoff], src/nn/cuda/conv_bn.cu).
+void planes_bias_half_cuda(uint16_t* yh, const float* b, int64_t images, int channels, int64_t pixels, Precision p,
+                           cudaStream_t stream);
 // db[c] += round_to(p, the sum of channel c of dyh over images and pixels):
 // a bias's gradient (a linear layer's: pixels = 1).
 void channel_grad_from_half_cuda(float* db, const uint16_t* dyh, int64_t images, int channels, int64_t pixels,
@@ -123,6 +128,16 @@ class CudnnConv {
   // [gradient accumulation] in device.hpp.
   void backward(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy, float* dw,
                 float* db, float* dx);
+  // Note [16-bit handoff] (src/nn/cuda/conv_bn.cu), in bf16 or fp16 only:
+  // forward with y left in the format (yh: the bits of the values forward
+  // gives y), and backward from d(y) in it (dyh: the bits backward rounds
+  // dy to); x, w and the gradients as above. Forward writes x's 16-bit copy
+  // into xh where given (else into staging memory), and backward takes it
+  // from xh where given, x unchanged since (else it makes it again).
+  void forward_to_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, uint16_t* yh,
+                       uint16_t* xh = nullptr);
+  void backward_from_half(cuda::Context& ctx, int batch, const float* x, const uint16_t* xh, const float* w,
+                          const uint16_t* dyh, float* dw, float* db, float* dx);
   // The bias gradients of `parts` consecutive batches of `images` images
   // (dy: their output gradients, one after another) in one pass, part k's
   // added at db + k * stride, each the bits backward adds for that batch
@@ -189,8 +204,13 @@ class CudnnConv {
   // plan's graph writes with beta 0 (graph_plans).
   void backward_filter_add(cuda::Context& ctx, const Plan& p, const float* x, const float* dy, float* dw);
   void forward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, float* y);
+  void convolve_half(cuda::Context& ctx, const Plan& p, int batch, const float* x, const float* w,
+                     const std::vector<void*>& at, uint16_t* yh, uint16_t* xh = nullptr);
   void backward_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy, float* dw,
                      float* db, float* dx);
+  void backward_half_at(cuda::Context& ctx, const Plan& p, int batch, const float* x, const uint16_t* xh,
+                        const float* w, const uint16_t* dyh, float* dw, float* db, float* dx,
+                        const std::vector<void*>& at);
   std::string layer_;
   Shape in_, out_;
   int k_, stride_, pad_;
@@ -252,6 +272,22 @@ class CudaConvReluPool : public Kernel {
   int fwd_batch_ = -1;  // batch of the last forward
 };
 
+// A BatchNorm's input as its kernels read it, and where they write its
+// gradient: floats, or the 16-bit values of precision p (Note [16-bit
+// handoff], src/nn/cuda/conv_bn.cu: a convolution's output and its
+// gradient, the bits of the fp32 values they would be).
+struct BnValues {
+  const float* f = nullptr;
+  const uint16_t* h = nullptr;
+  Precision prec = Precision::F32;
+  BnValues operator+(int64_t n) const { return {f ? f + n : nullptr, h ? h + n : nullptr, prec}; }
+};
+struct BnGrad {
+  float* f = nullptr;  // both nullptr: nowhere
+  uint16_t* h = nullptr;
+  Precision prec = Precision::F32;
+};
+
 // torch.nn.BatchNorm2d with kernels of our own (batch_norm.cu); with a
 // StatsReducer, SyncBatchNorm (the per-channel sums summed over ranks:
 // through the host, or with --gpu-kernels next on the device).
@@ -264,13 +300,17 @@ class CudaBatchNorm : public Kernel {
 
  protected:
   // forward's statistics, constants, running statistics and counter (train)
-  // or constants (eval): everything but writing y.
-  void forward_stats(const OpArgs& a);
-  // backward with the gradient that reaches the BatchNorm: dy, or where
-  // relu_y is not nullptr dy where relu_y > 0 (a ReLU after it); dx and dz
-  // (each may be nullptr): the input's gradient, and that gradient itself
-  // (a residual add's other input).
-  void backward_from(const OpArgs& a, const float* dy, const float* relu_y, float* dx, float* dz);
+  // or constants (eval) from its input x: everything but writing y.
+  void forward_stats(const OpArgs& a, const BnValues& x);
+  // a.y = the normalised x, then the residual add (z, when not nullptr) and
+  // the ReLU (relu), as the Add and ReLU kernels compute them.
+  void apply(const OpArgs& a, const BnValues& x, const float* z, bool relu);
+  // backward from input x with the gradient that reaches the BatchNorm: dy,
+  // or where relu_y is not nullptr dy where relu_y > 0 (a ReLU after it); dx
+  // and dz (each may be nowhere): the input's gradient, and that gradient
+  // itself (a residual add's other input).
+  void backward_from(const OpArgs& a, const BnValues& x, const float* dy, const float* relu_y, const BnGrad& dx,
+                     float* dz);
   // What the element-wise passes divide a flat index by before taking it
   // modulo c: NCHW's pixels a plane, 1 in NHWC.
   int pixel_stride() const { return layout_ == Layout::NHWC ? 1 : hw_; }
@@ -298,6 +338,8 @@ class CudaBatchNorm : public Kernel {
   // would sum it, into out + k * (c or 2c) (Note [shards in one launch]).
   void launch_sums(int images, int shards, const float* x, const float* mean, const float* dy, double* out,
                    const float* relu_y = nullptr);
+  void launch_sums(int images, int shards, const BnValues& x, const float* mean, const float* dy, double* out,
+                   const float* relu_y = nullptr);
   bool split() const { return split_; }
   // Backward's weight and bias gradients of `shards` micro-shards from
   // their sums (2c each, shard-major) into out: micro-shard k's weight
@@ -315,6 +357,13 @@ class CudaBatchNorm : public Kernel {
   Layout layout_;
   bool split_;                // --gpu-kernels next or NHWC: the sums in runs
   double* parts_for(int shards);  // parts_ with room for `shards` calls' runs
+  // launch_sums's one-block and split sums of x, a thread's reader of
+  // values (batch_norm.cu).
+  template <typename Values>
+  void block_sums(Values x, int images, const float* mean, const float* dy, const float* relu_y, double* out);
+  template <typename Values>
+  void split_sums(Values x, int images, int shards, const float* mean, const float* dy, const float* relu_y,
+                  double* parts, double* out);
   double* parts_ = nullptr;  // device: each channel's run sums (Note [batch norm sums])
   size_t parts_size_ = 0;    // doubles
   std::vector<double> host_;  // the sums on their way through the host
@@ -334,6 +383,40 @@ class CudaBatchNormAct final : public CudaBatchNorm {
 
  private:
   bool add_, relu_;
+};
+
+// --gpu-kernels next (conv-bn), Note [claimed runs]: a convolution and the
+// BatchNorm after it, and that BatchNorm's ReLU or residual add where ops is
+// 3 (conv_bn_run, nn/cuda/bn_runs.hpp), as one kernel; in bf16 and fp16 the
+// convolution's output and its gradient pass between them in 16 bits (Note
+// [16-bit handoff], conv_bn.cu). The same bits as the ops one by one.
+class CudaConvBn final : public CudaBatchNorm {
+ public:
+  // Op i of g, a Conv2d heading a run of `ops` ops. grads: where a run's
+  // backward keeps the convolution's output gradient, only during the
+  // call: one buffer for every run of a model.
+  CudaConvBn(const Graph& g, size_t i, size_t ops, cuda::Context& ctx, StatsReducer* stats, Layout layout,
+             std::shared_ptr<cuda::DeviceBuffer> grads);
+  size_t ops() const override { return ops_; }
+  void forward(const OpArgs& a) override;
+  void backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) override;
+  bool set_precision(Precision p) override;
+
+ private:
+  const OpArgs& bn_args(const OpArgs& a);  // the BatchNorm's part of the run's arguments
+  BnValues reserve(const OpArgs& a);       // mid_ (and dmid_) for a's batch; mid_ as the BatchNorm reads it
+  size_t ops_, conv_params_;
+  bool add_, relu_;
+  int64_t mid_numel_, in_numel_;  // a sample's convolution output and input
+  CudnnConv conv_;
+  std::string conv_name_;
+  OpArgs bn_;
+  // The convolution's output of the last forward, and in 16 bits its
+  // input's 16-bit copy, made in forward, read by backward; in backward the
+  // output's gradient (grads). Floats, or 16-bit values two a float; sized
+  // for the largest batch seen.
+  cuda::DeviceBuffer mid_, in_half_;
+  std::shared_ptr<cuda::DeviceBuffer> dmid_;
 };
 
 class CudaRelu final : public Kernel {
