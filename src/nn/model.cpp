@@ -159,10 +159,13 @@ void Model::set_precision(Precision p) {
   std::vector<bool> native(graph_.ops.size(), false);
   for (size_t i = 0; i < graph_.ops.size(); ++i) {
     native[i] = half_op_[i] && kernels_[i]->set_precision(p);
-    // Model rounds only around an op that runs alone.
-    DDP_CHECK(!is_half(p) || !half_op_[i] || native[i] || run_[i] == 1, "model ", name(), ": op ",
-              graph_.ops[i].name, ": the run of ", run_[i], " ops from it does not compute in ", to_string(p),
-              " itself");
+    // Model rounds only around an op that runs alone; refused, the kernels
+    // told so far compute as before.
+    if (!is_half(p) || !half_op_[i] || native[i] || run_[i] == 1) continue;
+    for (size_t k = 0; k <= i; ++k)
+      if (half_op_[k]) kernels_[k]->set_precision(precision_);
+    DDP_FAIL("model ", name(), ": op ", graph_.ops[i].name, ": the run of ", run_[i],
+             " ops from it does not compute in ", to_string(p), " itself");
   }
   precision_ = p;
   native_ = native;

@@ -56,19 +56,24 @@ __device__ void block_sum2(double* sa, double* sb, double a, double b) {
   }
 }
 
-// What a thread reads: value k of a tensor as a float (at) or a double (fp32,
-// or 16-bit values: the gradients of Note [half kernels], a convolution's
-// output handed over in 16 bits, Note [16-bit handoff] in conv_bn.cu).
+// What a thread reads: value k (of channel ch) of a tensor as a float (at)
+// or a double (fp32, or 16-bit values: the gradients of Note [half
+// kernels], a convolution's output handed over in 16 bits, Note [16-bit
+// handoff] in conv_bn.cu, with its bias added as it is read).
 struct FloatValues {
   const float* p;
-  __device__ float at(int64_t k) const { return __ldg(p + k); }
-  __device__ double operator()(int64_t k) const { return double(at(k)); }
+  __device__ float at(int64_t k, int) const { return __ldg(p + k); }
+  __device__ double operator()(int64_t k, int ch) const { return double(at(k, ch)); }
 };
 struct HalfValues {
   const uint16_t* p;
   Precision prec;
-  __device__ float at(int64_t k) const { return half_bits_to_float(prec, __ldg(p + k)); }
-  __device__ double operator()(int64_t k) const { return double(at(k)); }
+  const float* bias = nullptr;  // per channel; added as plane_from_half_at adds it
+  __device__ float at(int64_t k, int ch) const {
+    const float v = half_bits_to_float(prec, __ldg(p + k));
+    return bias ? round_to(prec, v + round_to(prec, __ldg(bias + ch))) : v;
+  }
+  __device__ double operator()(int64_t k, int ch) const { return double(at(k, ch)); }
 };
 // And where it writes an input gradient: floats, or 16-bit values (their
 // rounding, Note [16-bit handoff]); p nullptr: nowhere.
@@ -93,7 +98,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t n = int64_t(batch) * hw;
   double s = 0.0;
   for (int64_t j = threadIdx.x; j < n; j += kThreads) {
-    const double v = x((j / hw * c + ch) * hw + j % hw);
+    const double v = x((j / hw * c + ch) * hw + j % hw, ch);
     s += mean ? (v - m) * (v - m) : v;
   }
   block_sum2(sa, sb, s, 0.0);
@@ -120,7 +125,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t k = (j / hw * c + ch) * hw + j % hw;
     const double g = double(bn_dy(dy, relu_y, k));
     s += g;
-    sx += g * (x(k) - m);
+    sx += g * (x(k, ch) - m);
   }
   block_sum2(sa, sb, s, sx);
   if (threadIdx.x == 0) {
@@ -147,7 +152,7 @@ __global__ void __launch_bounds__(kThreads)
   double s = 0.0;
   for (int64_t j = run * per_split + threadIdx.x; j < end; j += kThreads) {
     const unsigned image = unsigned(j) / unsigned(hw);  // 32-bit: launch_sums checks the range
-    const double v = x((int64_t(image) * c + ch) * hw + (j - int64_t(image) * hw));
+    const double v = x((int64_t(image) * c + ch) * hw + (j - int64_t(image) * hw), ch);
     s += mean ? (v - m) * (v - m) : v;
   }
   block_sum2(sa, sb, s, 0.0);
@@ -175,7 +180,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t k = (int64_t(image) * c + ch) * hw + (j - int64_t(image) * hw);
     const double g = double(bn_dy(dy, relu_y, k));
     s += g;
-    sx += g * (x(k) - m);
+    sx += g * (x(k, ch) - m);
   }
   block_sum2(sa, sb, s, sx);
   if (threadIdx.x == 0) {
@@ -204,7 +209,7 @@ __global__ void __launch_bounds__(kThreads)
   if (ch < c) {
     const double m = mean ? double(mean[ch]) : 0.0;
     for (int64_t r = run * per_split + warp; r < end; r += kNhwcWarps) {
-      const double v = x(r * c + ch);
+      const double v = x(r * c + ch, ch);
       s += mean ? (v - m) * (v - m) : v;
     }
   }
@@ -240,7 +245,7 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t k = r * c + ch;
       const double g = double(bn_dy(dy, relu_y, k));
       s += g;
-      sx += g * (x(k) - m);
+      sx += g * (x(k, ch) - m);
     }
   }
   sa[threadIdx.x] = s;
@@ -334,7 +339,7 @@ __global__ void bn_act_apply_kernel(int64_t n, int c, int hw, Values x, const fl
                                     const float* __restrict__ chan, float* __restrict__ y) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int ch = int(i / hw % c);
-    const float v = kernel::bn_apply_at(x.at(i), chan[2 * c + ch], chan[3 * c + ch]);
+    const float v = kernel::bn_apply_at(x.at(i, ch), chan[2 * c + ch], chan[3 * c + ch]);
     y[i] = z ? kernel::add_at(v, z[i], relu) : relu ? kernel::relu_at(v) : v;
   }
 }
@@ -352,7 +357,8 @@ __global__ void bn_backward_kernel(int64_t n, int c, int hw, Values x, const flo
     const float g = bn_dy(dy, relu_y, i);
     if (dz) dz[i] = g;
     if (dx.p)
-      dx.put(i, kernel::bn_backward_at(x.at(i), g, chan[ch], chan[4 * c + ch], chan[5 * c + ch], chan[6 * c + ch]));
+      dx.put(i,
+             kernel::bn_backward_at(x.at(i, ch), g, chan[ch], chan[4 * c + ch], chan[5 * c + ch], chan[6 * c + ch]));
   }
 }
 
@@ -417,10 +423,9 @@ void CudaBatchNorm::launch_sums(int images, int shards, const float* x, const fl
 
 void CudaBatchNorm::launch_sums(int images, int shards, const BnValues& x, const float* mean, const float* dy,
                                 double* out, const float* relu_y) {
-  const cudaStream_t s = ctx_.compute();
   DDP_CHECK(split_ || shards == 1, "BatchNorm2d ", op_.name, ": micro-shards in one launch need the split sums");
   if (!split_) {
-    if (x.h) return block_sums(HalfValues{x.h, x.prec}, images, mean, dy, relu_y, out);
+    if (x.h) return block_sums(HalfValues{x.h, x.prec, x.bias}, images, mean, dy, relu_y, out);
     return block_sums(FloatValues{x.f}, images, mean, dy, relu_y, out);
   }
   const int64_t values = int64_t(images) * hw_;
@@ -429,7 +434,7 @@ void CudaBatchNorm::launch_sums(int images, int shards, const BnValues& x, const
   // The grids' second dimension is the channel (NCHW), the third the micro-shard.
   check_sum_grid("BatchNorm2d " + op_.name, c_, shards);
   double* parts = parts_for(shards);
-  if (x.h) return split_sums(HalfValues{x.h, x.prec}, images, shards, mean, dy, relu_y, parts, out);
+  if (x.h) return split_sums(HalfValues{x.h, x.prec, x.bias}, images, shards, mean, dy, relu_y, parts, out);
   split_sums(FloatValues{x.f}, images, shards, mean, dy, relu_y, parts, out);
 }
 
@@ -599,8 +604,8 @@ void CudaBatchNorm::backward_from(const OpArgs& a, const BnValues& x, const floa
   DDP_CHECK(x.h ? !dx.f : !dx.h, "BatchNorm2d ", op_.name, ": an input and its gradient of two widths");
   const unsigned grid = cuda_grid(n);
   if (x.h)
-    bn_backward_kernel<<<grid, kCudaThreads, 0, s>>>(n, c_, pixel_stride(), HalfValues{x.h, x.prec}, dy, relu_y, chan_,
-                                                     HalfOut{dx.h, dx.prec}, dz);
+    bn_backward_kernel<<<grid, kCudaThreads, 0, s>>>(n, c_, pixel_stride(), HalfValues{x.h, x.prec, x.bias}, dy,
+                                                     relu_y, chan_, HalfOut{dx.h, dx.prec}, dz);
   else
     bn_backward_kernel<<<grid, kCudaThreads, 0, s>>>(n, c_, pixel_stride(), FloatValues{x.f}, dy, relu_y, chan_,
                                                      FloatOut{dx.f}, dz);
@@ -612,8 +617,8 @@ void CudaBatchNorm::apply(const OpArgs& a, const BnValues& x, const float* z, bo
   if (n <= 0) return;
   const cudaStream_t s = ctx_.compute();
   if (x.h)
-    bn_act_apply_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, pixel_stride(), HalfValues{x.h, x.prec}, z, relu,
-                                                               chan_, a.y);
+    bn_act_apply_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, pixel_stride(), HalfValues{x.h, x.prec, x.bias},
+                                                               z, relu, chan_, a.y);
   else
     bn_act_apply_kernel<<<cuda_grid(n), kCudaThreads, 0, s>>>(n, c_, pixel_stride(), FloatValues{x.f}, z, relu,
                                                                chan_, a.y);

@@ -8,15 +8,16 @@
 // added and rounded again), and so is the gradient its backward takes (dy
 // rounded first). Op by op, the first goes to the BatchNorm as fp32 and the
 // second comes back from it as fp32, each through a conversion pass and in
-// twice the bytes. Here they stay in the format: the bias is added in 16
-// bits, the BatchNorm reads the 16-bit output (every read: the sums, the
-// variance, the normalisation, backward's two passes), and its backward
-// writes the input gradient rounded, as the convolution would have rounded
-// it. The values are the ones op by op, bit for bit: only their width
-// changes. The convolution's input, rounded to 16 bits for the forward, is
-// kept for the weight gradient, where op by op backward rounds it again.
-// In fp32 and TF32 the two run in turn, the output between them in floats,
-// as op by op.
+// twice the bytes. Here they stay in the format: the BatchNorm reads the
+// 16-bit output (every read: the sums, the variance, the normalisation,
+// backward's two passes), adding the bias as it reads it just as op by op
+// it was added to make the output (plane_from_half_at; no pass of its own),
+// and its backward writes the input gradient rounded, as the convolution
+// would have rounded it. The values are the ones op by op, bit for bit:
+// only their width changes. The convolution's input, rounded to 16 bits
+// for the forward, is kept for the weight gradient, where op by op
+// backward rounds it again. In fp32 and TF32 the two run in turn, the
+// output between them in floats, as op by op.
 #include "ddp/nn/cuda/kernels.hpp"
 
 #include <utility>
@@ -73,17 +74,18 @@ BnValues CudaConvBn::reserve(const OpArgs& a) {
   if (a.mode == Mode::Train) dmid_->reserve(ctx_, floats);
   if (half) in_half_.reserve(ctx_, (size_t(a.batch) * size_t(in_numel_) + 1) / 2);
   if (!half) return BnValues{mid_.data()};
-  return BnValues{nullptr, reinterpret_cast<const uint16_t*>(mid_.data()), conv_.precision()};
+  return BnValues{nullptr, reinterpret_cast<const uint16_t*>(mid_.data()), conv_.precision(), bias(a)};
 }
 
 void CudaConvBn::forward(const OpArgs& a) {
   const BnValues x = reserve(a);
-  const float* bias = conv_params_ > 1 ? a.p[1] : nullptr;
+  train_batch_ = a.mode == Mode::Train ? a.batch : -1;
+  // In 16 bits the BatchNorm adds the bias (x.bias).
   if (x.h)
-    conv_.forward_to_half(ctx_, a.batch, a.x[0], a.p[0], bias, reinterpret_cast<uint16_t*>(mid_.data()),
+    conv_.forward_to_half(ctx_, a.batch, a.x[0], a.p[0], reinterpret_cast<uint16_t*>(mid_.data()),
                           reinterpret_cast<uint16_t*>(in_half_.data()));
   else
-    conv_.forward(ctx_, a.batch, a.x[0], a.p[0], bias, mid_.data());
+    conv_.forward(ctx_, a.batch, a.x[0], a.p[0], bias(a), mid_.data());
   const OpArgs& b = bn_args(a);
   forward_stats(b, x);
   apply(b, x, add_ ? a.x[1] : nullptr, relu_);
@@ -96,11 +98,11 @@ void CudaConvBn::forward(const OpArgs& a) {
 void CudaConvBn::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
   const bool half = is_half(conv_.precision());
   const Precision p = conv_.precision();
-  const BnValues x = half ? BnValues{nullptr, reinterpret_cast<const uint16_t*>(mid_.data()), p}
+  const BnValues x = half ? BnValues{nullptr, reinterpret_cast<const uint16_t*>(mid_.data()), p, bias(a)}
                           : BnValues{mid_.data()};
   const BnGrad dmid = half ? BnGrad{nullptr, reinterpret_cast<uint16_t*>(dmid_->data()), p} : BnGrad{dmid_->data()};
-  DDP_CHECK(dmid_->size() * (half ? 2 : 1) >= size_t(a.batch) * size_t(mid_numel_), "op ", conv_name_,
-            ": backward without a training forward of ", a.batch, " samples");
+  DDP_CHECK(train_batch_ == a.batch, "op ", conv_name_, ": backward without a training forward of ", a.batch,
+            " samples");
   backward_from(bn_args(a), x, dy, relu_ ? a.y : nullptr, dmid, add_ ? dx[1] : nullptr);
   float* db = conv_params_ > 1 ? a.dp[1] : nullptr;
   if (half)

@@ -620,17 +620,12 @@ void CudnnConv::forward_half(cuda::Context& ctx, int batch, const float* x, cons
     planes_from_half_cuda(y, yh, b, batch, out_.c, hw, precision_, ctx.compute());
 }
 
-void CudnnConv::forward_to_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b,
-                                uint16_t* yh, uint16_t* xh) {
+void CudnnConv::forward_to_half(cuda::Context& ctx, int batch, const float* x, const float* w, uint16_t* yh,
+                                uint16_t* xh) {
   try {
     DDP_CHECK(is_half(precision_), "a 16-bit output in ", to_string(precision_));
     const Plan& p = plan(ctx, batch);
     convolve_half(ctx, p, batch, x, w, forward_staging(ctx, batch), yh, xh);
-    const int64_t hw = int64_t(out_.h) * out_.w;
-    if (layout_ == Layout::NHWC)
-      planes_bias_half_cuda(yh, b, batch * hw, out_.c, 1, precision_, ctx.compute());
-    else
-      planes_bias_half_cuda(yh, b, batch, out_.c, hw, precision_, ctx.compute());
   } catch (const Error& e) {
     DDP_FAIL("op ", layer_, ": forward: ", e.what());
   }

@@ -68,13 +68,6 @@ __global__ void planes_from_half_kernel(int64_t n, int channels, int64_t pixels,
   DDP_GRID_STRIDE(i, n) y[i] = plane_from_half_at(i, channels, pixels, p, yh, b);
 }
 
-// Note [16-bit handoff] (src/nn/cuda/conv_bn.cu): planes_from_half_kernel's
-// values, which are the format's, kept in it: the same bits in 16 bits.
-__global__ void planes_bias_half_kernel(int64_t n, int channels, int64_t pixels, Precision p, uint16_t* yh,
-                                        const float* __restrict__ b) {
-  DDP_GRID_STRIDE(i, n) yh[i] = to_half_bits(p, plane_from_half_at(i, channels, pixels, p, yh, b));
-}
-
 // One block a channel: its values over every image and pixel, summed in
 // double in an order fixed by the block size, the sum rounded once.
 constexpr int kSumThreads = 256;
@@ -132,14 +125,6 @@ void planes_from_half_cuda(float* y, const uint16_t* yh, const float* b, int64_t
   if (n <= 0) return;
   planes_from_half_kernel<<<cuda_grid(n), kCudaThreads, 0, stream>>>(n, channels, pixels, p, yh, b, y);
   DDP_CUDA_CHECK_LAUNCH(planes_from_half_kernel);
-}
-
-void planes_bias_half_cuda(uint16_t* yh, const float* b, int64_t images, int channels, int64_t pixels, Precision p,
-                           cudaStream_t stream) {
-  const int64_t n = images * channels * pixels;
-  if (n <= 0 || !b) return;
-  planes_bias_half_kernel<<<cuda_grid(n), kCudaThreads, 0, stream>>>(n, channels, pixels, p, yh, b);
-  DDP_CUDA_CHECK_LAUNCH(planes_bias_half_kernel);
 }
 
 void channel_grad_from_half_cuda(float* db, const uint16_t* dyh, int64_t images, int channels, int64_t pixels,

@@ -240,10 +240,12 @@ TEST_F(CudaModels, ClaimedRunsAreBitwiseTheOpByOpRun) {
     const char* kernels;
   };
   for (const Case& c : {Case{false, Precision::F32, "next"}, Case{true, Precision::F32, "next"},
-                        Case{true, Precision::TF32, "next"}, Case{false, Precision::BF16, "next"},
-                        Case{true, Precision::BF16, "next"}, Case{false, Precision::F16, "next"},
-                        Case{true, Precision::F16, "next"}, Case{false, Precision::BF16, "next,-bn-split-sums"},
-                        Case{false, Precision::F32, "next,-bn-split-sums"}}) {
+                        Case{false, Precision::TF32, "next"}, Case{true, Precision::TF32, "next"},
+                        Case{false, Precision::BF16, "next"}, Case{true, Precision::BF16, "next"},
+                        Case{false, Precision::F16, "next"}, Case{true, Precision::F16, "next"},
+                        Case{false, Precision::F32, "next,-bn-split-sums"},
+                        Case{false, Precision::BF16, "next,-bn-split-sums"},
+                        Case{false, Precision::F16, "next,-bn-split-sums"}}) {
     const bool channels_last = c.channels_last;
     const Precision p = c.p;
     SCOPED_TRACE(std::string(channels_last ? "NHWC " : "NCHW ") + to_string(p) + " " + c.kernels);

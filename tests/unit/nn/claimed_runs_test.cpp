@@ -393,6 +393,7 @@ TEST(ClaimedRuns, AClaimTheGraphDoesNotAllowIsAnError) {
               std::string::npos)
         << e.what();
   }
+  EXPECT_EQ(m.precision(), Precision::TF32) << "a refused precision changes nothing";
 }
 
 }  // namespace

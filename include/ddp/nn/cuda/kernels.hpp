@@ -57,11 +57,6 @@ void add_rounded_cuda(float* dst, const float* src, int64_t n, Precision p, cuda
 // y = plane_from_half_at (precision.hpp) over images x channels x pixels.
 void planes_from_half_cuda(float* y, const uint16_t* yh, const float* b, int64_t images, int channels,
                            int64_t pixels, Precision p, cudaStream_t stream);
-// yh = the 16-bit bits of plane_from_half_at over yh, in place (b nullptr:
-// nothing to do): planes_from_half_cuda's values, kept in 16 bits (Note
-// [16-bit handoff], src/nn/cuda/conv_bn.cu).
-void planes_bias_half_cuda(uint16_t* yh, const float* b, int64_t images, int channels, int64_t pixels, Precision p,
-                           cudaStream_t stream);
 // db[c] += round_to(p, the sum of channel c of dyh over images and pixels):
 // a bias's gradient (a linear layer's: pixels = 1).
 void channel_grad_from_half_cuda(float* db, const uint16_t* dyh, int64_t images, int channels, int64_t pixels,
@@ -129,12 +124,13 @@ class CudnnConv {
   void backward(cuda::Context& ctx, int batch, const float* x, const float* w, const float* dy, float* dw,
                 float* db, float* dx);
   // Note [16-bit handoff] (src/nn/cuda/conv_bn.cu), in bf16 or fp16 only:
-  // forward with y left in the format (yh: the bits of the values forward
-  // gives y), and backward from d(y) in it (dyh: the bits backward rounds
-  // dy to); x, w and the gradients as above. Forward writes x's 16-bit copy
-  // into xh where given (else into staging memory), and backward takes it
-  // from xh where given, x unchanged since (else it makes it again).
-  void forward_to_half(cuda::Context& ctx, int batch, const float* x, const float* w, const float* b, uint16_t* yh,
+  // forward with y left in the format and without the bias (yh: cuDNN's
+  // 16-bit result, which plane_from_half_at makes forward's y of), and
+  // backward from d(y) in it (dyh: the bits backward rounds dy to); x, w and
+  // the gradients as above. Forward writes x's 16-bit copy into xh where
+  // given (else into staging memory), and backward takes it from xh where
+  // given, x unchanged since (else it makes it again).
+  void forward_to_half(cuda::Context& ctx, int batch, const float* x, const float* w, uint16_t* yh,
                        uint16_t* xh = nullptr);
   void backward_from_half(cuda::Context& ctx, int batch, const float* x, const uint16_t* xh, const float* w,
                           const uint16_t* dyh, float* dw, float* db, float* dx);
@@ -273,14 +269,16 @@ class CudaConvReluPool : public Kernel {
 };
 
 // A BatchNorm's input as its kernels read it, and where they write its
-// gradient: floats, or the 16-bit values of precision p (Note [16-bit
+// gradient: floats, or the 16-bit values of precision prec (Note [16-bit
 // handoff], src/nn/cuda/conv_bn.cu: a convolution's output and its
-// gradient, the bits of the fp32 values they would be).
+// gradient, the bits of the fp32 values they would be), the output's bias
+// (per channel, may be nullptr) added as plane_from_half_at adds it.
 struct BnValues {
   const float* f = nullptr;
   const uint16_t* h = nullptr;
   Precision prec = Precision::F32;
-  BnValues operator+(int64_t n) const { return {f ? f + n : nullptr, h ? h + n : nullptr, prec}; }
+  const float* bias = nullptr;
+  BnValues operator+(int64_t n) const { return {f ? f + n : nullptr, h ? h + n : nullptr, prec, bias}; }
 };
 struct BnGrad {
   float* f = nullptr;  // both nullptr: nowhere
@@ -404,6 +402,7 @@ class CudaConvBn final : public CudaBatchNorm {
 
  private:
   const OpArgs& bn_args(const OpArgs& a);  // the BatchNorm's part of the run's arguments
+  const float* bias(const OpArgs& a) const { return conv_params_ > 1 ? a.p[1] : nullptr; }  // the convolution's
   BnValues reserve(const OpArgs& a);       // mid_ (and dmid_) for a's batch; mid_ as the BatchNorm reads it
   size_t ops_, conv_params_;
   bool add_, relu_;
@@ -411,12 +410,13 @@ class CudaConvBn final : public CudaBatchNorm {
   CudnnConv conv_;
   std::string conv_name_;
   OpArgs bn_;
-  // The convolution's output of the last forward, and in 16 bits its
-  // input's 16-bit copy, made in forward, read by backward; in backward the
-  // output's gradient (grads). Floats, or 16-bit values two a float; sized
-  // for the largest batch seen.
+  // The convolution's output of the last forward (in 16 bits cuDNN's,
+  // without the bias), and in 16 bits its input's 16-bit copy, made in
+  // forward, read by backward; in backward the output's gradient (grads).
+  // Floats, or 16-bit values two a float; sized for the largest batch seen.
   cuda::DeviceBuffer mid_, in_half_;
   std::shared_ptr<cuda::DeviceBuffer> dmid_;
+  int train_batch_ = -1;  // the batch of the last forward if it trained
 };
 
 class CudaRelu final : public Kernel {
