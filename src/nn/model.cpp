@@ -198,12 +198,15 @@ void Model::reserve(int batch) {
   const auto inner = [&](size_t v) { return v < run_first_[v - 1] + run_[run_first_[v - 1]]; };
   for (size_t v = 1; v < graph_.values.size(); ++v) {
     const size_t n = size_t(batch) * size_t(graph_.values[v].numel());
+    if (inner(v)) {
+      acts_[v] = nullptr;
+      continue;
+    }
     largest = std::max(largest, n);
-    acts_[v] = inner(v) ? nullptr : device_.alloc(n);
+    acts_[v] = device_.alloc(n);
     // No gradient is kept for the logits (the caller's) or for a value no
     // op reads.
-    if (const int s = graph_.grad_slot[v]; s >= 0 && !inner(v))
-      slot_size[size_t(s)] = std::max(slot_size[size_t(s)], n);
+    if (const int s = graph_.grad_slot[v]; s >= 0) slot_size[size_t(s)] = std::max(slot_size[size_t(s)], n);
   }
   for (size_t n : slot_size) grad_slots_.push_back(device_.alloc(n));
   for (size_t v = 1; v < graph_.values.size(); ++v) {
