@@ -509,6 +509,11 @@ void channel_sums_nhwc_half_cuda(cuda::Context& ctx, const uint16_t* x, Precisio
   nhwc_sums(ctx, HalfValues{x, p}, nullptr, rows, c, parts, out);
 }
 
+void channel_sums_half_cuda(cuda::Context& ctx, const uint16_t* x, Precision p, int images, int c, int hw,
+                            double* parts, double* out) {
+  nchw_sums(ctx, HalfValues{x, p}, nullptr, images, c, hw, parts, out);
+}
+
 void CudaBatchNorm::reduce(size_t n, const std::string& what) {
   if (!stats_) return;
   if (ctx_.next(NextKernel::SyncBnOnDevice)) {

@@ -490,9 +490,10 @@ void CudnnConv::backward(cuda::Context& ctx, int batch, const float* x, const fl
 // (Note [batch norm sums]: many blocks a channel, in double, the same bits
 // every call), where cuDNN's bias pass took 6% of ResNet-18's fp32 step on
 // an H100 (2026-11-26).
-// NHWC: Note [channels last sums]. In 16 bits (NHWC only: NCHW's is
-// channel_grad_from_half_cuda) dy is the rounded 16-bit gradient, and its
-// sum is rounded once to the precision, as channel_grad_from_half_cuda's.
+// NHWC: Note [channels last sums]. In 16 bits dy is the rounded 16-bit
+// gradient, and its sum is rounded once to the precision, as
+// channel_grad_from_half_cuda's (16-bit NCHW's bias gradient with
+// --gpu-kernels proven: one block a channel).
 void CudnnConv::bias_grad(cuda::Context& ctx, int images, const void* dy, float* db, int parts, size_t stride) {
   const int c = out_.c, hw = out_.h * out_.w;
   const size_t runs = size_t(max_sum_runs(c, ctx.sms()));
@@ -501,10 +502,11 @@ void CudnnConv::bias_grad(cuda::Context& ctx, int images, const void* dy, float*
   auto* partial = reinterpret_cast<double*>(bias_sums_.data());
   double* sums = partial + size_t(c) * runs * size_t(parts);
   const int64_t rows = int64_t(images) * hw;
-  DDP_CHECK(!is_half(precision_) || (layout_ == Layout::NHWC && parts == 1), "op ", layer_,
-            ": a 16-bit bias gradient is summed here only over NHWC, one batch a call");
-  if (is_half(precision_))
+  DDP_CHECK(!is_half(precision_) || parts == 1, "op ", layer_, ": a 16-bit bias gradient is summed one batch a call");
+  if (is_half(precision_) && layout_ == Layout::NHWC)
     channel_sums_nhwc_half_cuda(ctx, static_cast<const uint16_t*>(dy), precision_, rows, c, partial, sums);
+  else if (is_half(precision_))
+    channel_sums_half_cuda(ctx, static_cast<const uint16_t*>(dy), precision_, images, c, hw, partial, sums);
   else if (layout_ == Layout::NHWC)
     channel_sums_nhwc_cuda(ctx, static_cast<const float*>(dy), /*mean=*/nullptr, rows, c, partial, sums, parts);
   else
@@ -662,7 +664,7 @@ void CudnnConv::backward_half_at(cuda::Context& ctx, const Plan& p, int batch, c
   auto* dwh = static_cast<uint16_t*>(at[3]);
   auto* dxh = static_cast<uint16_t*>(at[4]);
   cudaStream_t s = ctx.compute();
-  if (db && layout_ == Layout::NHWC)
+  if (db && bias_by_sums(ctx))
     bias_grad(ctx, batch, dyh, db);
   else if (db)
     channel_grad_from_half_cuda(db, dyh, batch, out_.c, int64_t(out_.h) * out_.w, precision_, s);

@@ -121,13 +121,22 @@ TEST_F(CudaHalf, EachLayerIsTheCpusRoundings) {
     const std::vector<float> x = on_grid(nx, 1, 0.5f, 1), dy = on_grid(ny, 2, 0.125f, 1);
     // TF32 too (Note [tf32]): these values keep every bit in its 10-bit
     // mantissas, so its tensor cores must give fp32's results exactly.
-    // Both layouts (Note [channels last]) but for LeNet's fused layer: NCHW only.
-    std::vector<std::pair<Precision, Layout>> runs;
+    // Both layouts (Note [channels last]) but for LeNet's fused layer: NCHW
+    // only; with --gpu-kernels proven and next (16-bit NCHW's bias gradient
+    // summed in runs: conv-bias-sums).
+    struct Run {
+      Precision p;
+      Layout layout;
+      bool next;
+    };
+    std::vector<Run> runs;
     for (Precision p : {Precision::BF16, Precision::F16, Precision::TF32})
       for (Layout layout : {Layout::NCHW, Layout::NHWC})
-        if (layout == Layout::NCHW || g.ops[0].kind != OpKind::ConvReluPool) runs.emplace_back(p, layout);
-    for (const auto& [p, layout] : runs) {
-      SCOPED_TRACE(std::string(c.name) + ", " + to_string(p) + ", " + to_string(layout));
+        for (bool next : {false, true})
+          if (layout == Layout::NCHW || g.ops[0].kind != OpKind::ConvReluPool) runs.push_back({p, layout, next});
+    for (const auto& [p, layout, next] : runs) {
+      SCOPED_TRACE(std::string(c.name) + ", " + to_string(p) + ", " + to_string(layout) + (next ? ", next" : ""));
+      ctx().set_next_kernels(next);
       Twins t(ctx(), g, s, p, layout);
       Model &cpu = t.cpu, &gpu = t.gpu;
       const float* y = cpu.forward(x.data(), batch);

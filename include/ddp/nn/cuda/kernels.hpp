@@ -73,12 +73,14 @@ void channel_sums_cuda(cuda::Context& ctx, const float* x, const float* mean, in
                        double* parts, double* out, int shards = 1);
 // The same over an NHWC tensor of `rows` rows (images x pixels) of c
 // channels (Note [channels last sums], nn/cuda/bn_plan.hpp); parts holds
-// max_sum_runs(c, ctx.sms()) * c doubles. The _half twin sums 16-bit values
+// max_sum_runs(c, ctx.sms()) * c doubles. The _half twins sum 16-bit values
 // (a bias gradient in bf16 or fp16: Note [half kernels]).
 void channel_sums_nhwc_cuda(cuda::Context& ctx, const float* x, const float* mean, int64_t rows, int c,
                             double* parts, double* out, int shards = 1);
 void channel_sums_nhwc_half_cuda(cuda::Context& ctx, const uint16_t* x, Precision p, int64_t rows, int c,
                                  double* parts, double* out);
+void channel_sums_half_cuda(cuda::Context& ctx, const uint16_t* x, Precision p, int images, int c, int hw,
+                            double* parts, double* out);
 // Note [channels last] (nn/layout.hpp), src/nn/cuda/channels_last.cu:
 // dst = the KRSC copy of KCRS weights w [k, c, rs] in p's type (floats in
 // fp32 and TF32, 16-bit bits in bf16 and fp16); dw += the KCRS form of a
@@ -150,9 +152,9 @@ class CudnnConv {
 
  private:
   // Whether backward sums the bias with bias_grad (else cuDNN's bias pass, or
-  // 16-bit NCHW's own kernel).
+  // 16-bit NCHW's one block a channel).
   bool bias_by_sums(const cuda::Context& ctx) const {
-    return is_half(precision_) ? layout_ == Layout::NHWC : ctx.next(NextKernel::ConvBiasSums) || layout_ == Layout::NHWC;
+    return ctx.next(NextKernel::ConvBiasSums) || layout_ == Layout::NHWC;
   }
   struct Plan;
   Plan& plan(cuda::Context& ctx, int batch);
