@@ -60,13 +60,18 @@ DDP_HOST_DEVICE inline float round_to(Precision p, float x) {
   return is_half(p) ? half_bits_to_float(p, to_half_bits(p, x)) : x;
 }
 
+// A 16-bit value v plus a bias b in precision p: v + b rounded, b rounded
+// first, as a 16-bit bias is (Note [half kernels]; BatchNorm reads a
+// convolution's output with it in Note [16-bit handoff]).
+DDP_HOST_DEVICE inline float half_plus_bias(Precision p, float v, float b) { return round_to(p, v + round_to(p, b)); }
+
 // Note [half kernels] (src/nn/cuda/half.cu): element i of an NCHW output of
 // `channels` planes of `pixels` values, from its 16-bit convolution yh: with a
-// bias b, yh + b rounded (b rounded first, as a 16-bit bias is), else yh.
+// bias b, half_plus_bias, else yh.
 DDP_HOST_DEVICE inline float plane_from_half_at(int64_t i, int channels, int64_t pixels, Precision p,
                                                 const uint16_t* yh, const float* b) {
   const float v = half_bits_to_float(p, yh[i]);
-  return b ? round_to(p, v + round_to(p, b[(i / pixels) % channels])) : v;
+  return b ? half_plus_bias(p, v, b[(i / pixels) % channels]) : v;
 }
 
 }  // namespace ddp::nn

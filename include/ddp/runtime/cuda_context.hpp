@@ -182,6 +182,8 @@ class Context {
 // A device buffer of floats from a Context's pool, released on destruction.
 class DeviceBuffer {
  public:
+  // The floats that hold `bytes` bytes (of another type).
+  static constexpr size_t floats_for(size_t bytes) { return (bytes + sizeof(float) - 1) / sizeof(float); }
   DeviceBuffer() = default;
   DeviceBuffer(Context& ctx, size_t count);
   ~DeviceBuffer();

@@ -71,7 +71,7 @@ struct HalfValues {
   const float* bias = nullptr;  // per channel; added as plane_from_half_at adds it
   __device__ float at(int64_t k, int ch) const {
     const float v = half_bits_to_float(prec, __ldg(p + k));
-    return bias ? round_to(prec, v + round_to(prec, __ldg(bias + ch))) : v;
+    return bias ? half_plus_bias(prec, v, __ldg(bias + ch)) : v;
   }
   __device__ double operator()(int64_t k, int ch) const { return double(at(k, ch)); }
 };

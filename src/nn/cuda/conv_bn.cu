@@ -66,19 +66,29 @@ const OpArgs& CudaConvBn::bn_args(const OpArgs& a) {
 
 // The convolution's output (and in training its gradient, and in 16 bits
 // its input's copy) for a batch: floats, or 16-bit values two a float.
-BnValues CudaConvBn::reserve(const OpArgs& a) {
-  const size_t n = size_t(a.batch) * size_t(mid_numel_);
+void CudaConvBn::reserve(const OpArgs& a) {
   const bool half = is_half(conv_.precision());
-  const size_t floats = half ? (n + 1) / 2 : n;
+  const size_t elem = half ? sizeof(uint16_t) : sizeof(float);
+  const size_t floats = cuda::DeviceBuffer::floats_for(size_t(a.batch) * size_t(mid_numel_) * elem);
   mid_.reserve(ctx_, floats);
   if (a.mode == Mode::Train) dmid_->reserve(ctx_, floats);
-  if (half) in_half_.reserve(ctx_, (size_t(a.batch) * size_t(in_numel_) + 1) / 2);
-  if (!half) return BnValues{mid_.data()};
+  if (half) in_half_.reserve(ctx_, cuda::DeviceBuffer::floats_for(size_t(a.batch) * size_t(in_numel_) * elem));
+}
+
+// The convolution's output as the BatchNorm reads it (in 16 bits with the
+// bias added as read), and where its gradient goes.
+BnValues CudaConvBn::mid(const OpArgs& a) const {
+  if (!is_half(conv_.precision())) return BnValues{mid_.data()};
   return BnValues{nullptr, reinterpret_cast<const uint16_t*>(mid_.data()), conv_.precision(), bias(a)};
+}
+BnGrad CudaConvBn::dmid() const {
+  if (!is_half(conv_.precision())) return BnGrad{dmid_->data()};
+  return BnGrad{nullptr, reinterpret_cast<uint16_t*>(dmid_->data()), conv_.precision()};
 }
 
 void CudaConvBn::forward(const OpArgs& a) {
-  const BnValues x = reserve(a);
+  reserve(a);
+  const BnValues x = mid(a);
   train_batch_ = a.mode == Mode::Train ? a.batch : -1;
   // In 16 bits the BatchNorm adds the bias (x.bias).
   if (x.h)
@@ -96,20 +106,16 @@ void CudaConvBn::forward(const OpArgs& a) {
 // dy may be the array of an outside input's gradient (Note [claimed runs]):
 // the BatchNorm has read all of it before the convolution writes dx[0].
 void CudaConvBn::backward(const OpArgs& a, const float* dy, const std::vector<float*>& dx) {
-  const bool half = is_half(conv_.precision());
-  const Precision p = conv_.precision();
-  const BnValues x = half ? BnValues{nullptr, reinterpret_cast<const uint16_t*>(mid_.data()), p, bias(a)}
-                          : BnValues{mid_.data()};
-  const BnGrad dmid = half ? BnGrad{nullptr, reinterpret_cast<uint16_t*>(dmid_->data()), p} : BnGrad{dmid_->data()};
   DDP_CHECK(train_batch_ == a.batch, "op ", conv_name_, ": backward without a training forward of ", a.batch,
             " samples");
-  backward_from(bn_args(a), x, dy, relu_ ? a.y : nullptr, dmid, add_ ? dx[1] : nullptr);
+  const BnGrad d = dmid();
+  backward_from(bn_args(a), mid(a), dy, relu_ ? a.y : nullptr, d, add_ ? dx[1] : nullptr);
   float* db = conv_params_ > 1 ? a.dp[1] : nullptr;
-  if (half)
-    conv_.backward_from_half(ctx_, a.batch, a.x[0], reinterpret_cast<const uint16_t*>(in_half_.data()), a.p[0],
-                             dmid.h, a.dp[0], db, dx[0]);
+  if (d.h)
+    conv_.backward_from_half(ctx_, a.batch, a.x[0], reinterpret_cast<const uint16_t*>(in_half_.data()), a.p[0], d.h,
+                             a.dp[0], db, dx[0]);
   else
-    conv_.backward(ctx_, a.batch, a.x[0], a.p[0], dmid.f, a.dp[0], db, dx[0]);
+    conv_.backward(ctx_, a.batch, a.x[0], a.p[0], d.f, a.dp[0], db, dx[0]);
 }
 
 }  // namespace ddp::nn

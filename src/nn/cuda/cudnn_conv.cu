@@ -305,9 +305,7 @@ void CudnnConv::time_algorithms(cuda::Context& ctx, Plan& p, int batch) {
                  nw = size_t(weight_numel()) * elem;
     cudnnHandle_t dnn = ctx.dnn();
     // Scratch given back however the timing ends.
-    const auto scratch = [&](size_t bytes) {
-      return cuda::DeviceBuffer(ctx, (bytes + sizeof(float) - 1) / sizeof(float));
-    };
+    const auto scratch = [&](size_t bytes) { return cuda::DeviceBuffer(ctx, cuda::DeviceBuffer::floats_for(bytes)); };
     const cuda::DeviceBuffer xb = scratch(nx), yb = scratch(ny), wb = scratch(nw), wsb = scratch(kMaxWorkspace);
     void *x = xb.data(), *y = yb.data(), *w = wb.data(), *ws = wsb.data();
     const bool deterministic = ctx.deterministic();

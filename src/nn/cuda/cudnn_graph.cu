@@ -287,7 +287,7 @@ std::vector<size_t> engines_to_time(const cuda::Context& ctx, const std::vector<
 // caller ends (a failed timing falls back to the legacy call:
 // GraphConv::make).
 cuda::DeviceBuffer zeros(cuda::Context& ctx, size_t n) {
-  cuda::DeviceBuffer b(ctx, std::max<size_t>((n + sizeof(float) - 1) / sizeof(float), 1));
+  cuda::DeviceBuffer b(ctx, std::max<size_t>(cuda::DeviceBuffer::floats_for(n), 1));
   DDP_CUDA_CHECK(cudaMemsetAsync(b.data(), 0, n, ctx.compute()));
   return b;
 }

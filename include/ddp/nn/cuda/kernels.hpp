@@ -405,7 +405,9 @@ class CudaConvBn final : public CudaBatchNorm {
  private:
   const OpArgs& bn_args(const OpArgs& a);  // the BatchNorm's part of the run's arguments
   const float* bias(const OpArgs& a) const { return conv_params_ > 1 ? a.p[1] : nullptr; }  // the convolution's
-  BnValues reserve(const OpArgs& a);       // mid_ (and dmid_) for a's batch; mid_ as the BatchNorm reads it
+  void reserve(const OpArgs& a);           // mid_ (and dmid_, in_half_) for a's batch
+  BnValues mid(const OpArgs& a) const;     // mid_ as the BatchNorm reads it
+  BnGrad dmid() const;                     // where the BatchNorm writes its input's gradient
   size_t ops_, conv_params_;
   bool add_, relu_;
   int64_t mid_numel_, in_numel_;  // a sample's convolution output and input
