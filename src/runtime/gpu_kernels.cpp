@@ -9,10 +9,10 @@ namespace ddp {
 
 const std::vector<NextKernel>& next_kernels() {
   static const std::vector<NextKernel> all = {
-      NextKernel::BnSplitSums,    NextKernel::GraphConv,   NextKernel::ConvBiasSums,      NextKernel::BnAct,
-      NextKernel::ConvBn,         NextKernel::SyncBnOnDevice, NextKernel::OneRank,       NextKernel::LossScaleOnDevice,
-      NextKernel::ShardSums,      NextKernel::ShardsTogether, NextKernel::CheckedRuns,   NextKernel::ShardStreams,
-      NextKernel::StepGraphs};
+      NextKernel::BnSplitSums,    NextKernel::GraphConv,      NextKernel::ConvBiasSums,  NextKernel::BnAct,
+      NextKernel::ConvBn,         NextKernel::BiasInBn,       NextKernel::SyncBnOnDevice, NextKernel::OneRank,
+      NextKernel::LossScaleOnDevice, NextKernel::ShardSums,   NextKernel::ShardsTogether, NextKernel::CheckedRuns,
+      NextKernel::ShardStreams,   NextKernel::StepGraphs};
   return all;
 }
 
@@ -23,6 +23,7 @@ const char* name_of(NextKernel k) {
     case NextKernel::ConvBiasSums: return "conv-bias-sums";
     case NextKernel::BnAct: return "bn-act";
     case NextKernel::ConvBn: return "conv-bn";
+    case NextKernel::BiasInBn: return "bias-in-bn";
     case NextKernel::SyncBnOnDevice: return "sync-bn-on-device";
     case NextKernel::OneRank: return "one-rank";
     case NextKernel::LossScaleOnDevice: return "loss-scale-on-device";

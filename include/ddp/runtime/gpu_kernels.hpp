@@ -25,6 +25,7 @@ enum class NextKernel {
   BnAct,              // BatchNorm with its ReLU or residual add as one kernel (Note [claimed runs])
   ConvBn,             // a convolution and the BatchNorm after it as one kernel, 16 bits between them
                       // (Note [16-bit handoff])
+  BiasInBn,           // that convolution's bias gradient summed in its BatchNorm's backward (Note [bias in backward])
   SyncBnOnDevice,     // SyncBatchNorm's sums over NCCL on the device
   OneRank,            // no collective at one rank
   LossScaleOnDevice,  // fp16's loss scaler deciding on the device (Note [loss scale on the device])

@@ -76,15 +76,23 @@ struct HalfValues {
   __device__ double operator()(int64_t k, int ch) const { return double(at(k, ch)); }
 };
 // And where it writes an input gradient: floats, or 16-bit values (their
-// rounding, Note [16-bit handoff]); p nullptr: nowhere.
+// rounding, Note [16-bit handoff]); p nullptr: nowhere. put returns the
+// value written, as FloatValues or HalfValues would read it back.
 struct FloatOut {
   float* p;
-  __device__ void put(int64_t k, float v) const { p[k] = v; }
+  __device__ float put(int64_t k, float v) const {
+    p[k] = v;
+    return v;
+  }
 };
 struct HalfOut {
   uint16_t* p;
   Precision prec;
-  __device__ void put(int64_t k, float v) const { p[k] = to_half_bits(prec, v); }
+  __device__ float put(int64_t k, float v) const {
+    const uint16_t h = to_half_bits(prec, v);
+    p[k] = h;
+    return half_bits_to_float(prec, h);
+  }
 };
 
 // --gpu-kernels proven: block ch: out[ch] = sum of x over the channel's values; with mean, the sum
@@ -344,21 +352,79 @@ __global__ void bn_act_apply_kernel(int64_t n, int c, int hw, Values x, const fl
   }
 }
 
-// dx (may be nowhere) from the gradient reaching the BatchNorm (bn_dy),
-// which a claimed run's add also passes to its shortcut (dz, may be
-// nullptr). dy may be dx's or dz's array (Note [claimed runs]): each element
-// is read before it is written, so no __restrict__ on them.
+// Element k (of channel ch) of backward: the gradient reaching the
+// BatchNorm (bn_dy) into dz where given (a claimed run's add passes it to
+// its shortcut), and dx's value from it.
+template <typename Values>
+__device__ __forceinline__ float bn_dx_at(int64_t k, int ch, int c, Values x, const float* dy, const float* relu_y,
+                                          const float* __restrict__ chan, float* dz) {
+  const float g = bn_dy(dy, relu_y, k);
+  if (dz) dz[k] = g;
+  return kernel::bn_backward_at(x.at(k, ch), g, chan[ch], chan[4 * c + ch], chan[5 * c + ch], chan[6 * c + ch]);
+}
+
+// dx (may be nowhere) and dz (may be nullptr), bn_dx_at's. dy may be dx's or
+// dz's array (Note [claimed runs]): each element is read before it is
+// written, so no __restrict__ on them.
 template <typename Values, typename Out>
 __global__ void bn_backward_kernel(int64_t n, int c, int hw, Values x, const float* dy,
                                    const float* __restrict__ relu_y, const float* __restrict__ chan, Out dx,
                                    float* dz) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int ch = int(i / hw % c);
-    const float g = bn_dy(dy, relu_y, i);
-    if (dz) dz[i] = g;
     if (dx.p)
-      dx.put(i,
-             kernel::bn_backward_at(x.at(i, ch), g, chan[ch], chan[4 * c + ch], chan[5 * c + ch], chan[6 * c + ch]));
+      dx.put(i, bn_dx_at(i, ch, c, x, dy, relu_y, chan, dz));
+    else if (dz)
+      dz[i] = bn_dy(dy, relu_y, i);
+  }
+}
+
+// Note [bias in backward] (conv_bn.cu): bn_backward_kernel's values, each
+// element by the thread, and in the block, that bn_run_sums_kernel's block
+// (run, ch) of the same plan reads it with; each thread sums the dx it
+// wrote, in order, and the block adds its threads' sums in block_sum2's
+// tree into part[ch * runs + run]: bn_run_sums_kernel's sum of that dx.
+template <typename Values, typename Out>
+__global__ void __launch_bounds__(kThreads)
+    bn_backward_runs_kernel(int64_t values, int64_t per_split, int c, int hw, Values x, const float* dy,
+                            const float* __restrict__ relu_y, const float* __restrict__ chan, Out dx, float* dz,
+                            double* __restrict__ part) {
+  __shared__ double sa[kThreads], sb[kThreads];
+  const int run = blockIdx.x, runs = gridDim.x, ch = blockIdx.y;
+  const int64_t end = min(values, (run + 1) * per_split);
+  double s = 0.0;
+  for (int64_t j = run * per_split + threadIdx.x; j < end; j += kThreads) {
+    const unsigned image = unsigned(j) / unsigned(hw);  // 32-bit: backward_runs checks the range
+    const int64_t k = (int64_t(image) * c + ch) * hw + (j - int64_t(image) * hw);
+    s += double(dx.put(k, bn_dx_at(k, ch, c, x, dy, relu_y, chan, dz)));
+  }
+  block_sum2(sa, sb, s, 0.0);
+  if (threadIdx.x == 0) part[int64_t(ch) * runs + run] = sa[0];
+}
+
+// The same over an NHWC tensor, as nhwc_run_sums_kernel reads it.
+template <typename Values, typename Out>
+__global__ void __launch_bounds__(kThreads)
+    nhwc_backward_runs_kernel(int64_t rows, int64_t per_split, int c, Values x, const float* dy,
+                              const float* __restrict__ relu_y, const float* __restrict__ chan, Out dx, float* dz,
+                              double* __restrict__ part) {
+  __shared__ double sa[kThreads];
+  const int run = blockIdx.x, runs = gridDim.x, lane = threadIdx.x % kNhwcGroup, warp = threadIdx.x / kNhwcGroup;
+  const int ch = blockIdx.y * kNhwcGroup + lane;
+  const int64_t end = min(rows, (run + 1) * per_split);
+  double s = 0.0;
+  if (ch < c) {
+    for (int64_t r = run * per_split + warp; r < end; r += kNhwcWarps) {
+      const int64_t k = r * c + ch;
+      s += double(dx.put(k, bn_dx_at(k, ch, c, x, dy, relu_y, chan, dz)));
+    }
+  }
+  sa[threadIdx.x] = s;
+  __syncthreads();
+  if (warp == 0 && ch < c) {
+    double t = 0.0;
+    for (int w = 0; w < kNhwcWarps; ++w) t += sa[w * kNhwcGroup + lane];
+    part[int64_t(ch) * runs + run] = t;
   }
 }
 
@@ -390,6 +456,32 @@ void nhwc_sums(cuda::Context& ctx, Values x, const float* mean, int64_t rows, in
                          s>>>(rows, plan.per_split, c, x, mean, parts);
   DDP_CUDA_CHECK_LAUNCH(nhwc_run_sums_kernel);
   bn_runs_kernel<<<cuda_grid(c * shards), kCudaThreads, 0, s>>>(c * shards, plan.splits, parts, out);
+  DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
+}
+
+// Note [bias in backward]: backward's element-wise pass in the runs of
+// nchw_sums's or nhwc_sums's plan, dx's per-channel sums into out (parts:
+// their runs' sums), the bits those would give of the dx written.
+template <typename Values, typename Out>
+void backward_runs(cuda::Context& ctx, Layout layout, int images, int c, int hw, Values x, const float* dy,
+                   const float* relu_y, const float* chan, Out dx, float* dz, double* parts, double* out) {
+  const int64_t values = int64_t(images) * hw;
+  DDP_CHECK(values < (int64_t(1) << 31), values, " values a channel in one call; at most 2^31 are supported");
+  check_sum_grid("BatchNorm2d backward", c, 1);
+  const cudaStream_t s = ctx.compute();
+  BnSplit plan;
+  if (layout == Layout::NHWC) {
+    plan = plan_nhwc_split(values, c, ctx.sms());
+    nhwc_backward_runs_kernel<<<dim3(unsigned(plan.splits), unsigned(nhwc_channel_groups(c))), kThreads, 0, s>>>(
+        values, plan.per_split, c, x, dy, relu_y, chan, dx, dz, parts);
+    DDP_CUDA_CHECK_LAUNCH(nhwc_backward_runs_kernel);
+  } else {
+    plan = plan_bn_split(values, c, ctx.sms());
+    bn_backward_runs_kernel<<<dim3(unsigned(plan.splits), unsigned(c)), kThreads, 0, s>>>(
+        values, plan.per_split, c, hw, x, dy, relu_y, chan, dx, dz, parts);
+    DDP_CUDA_CHECK_LAUNCH(bn_backward_runs_kernel);
+  }
+  bn_runs_kernel<<<cuda_grid(c), kCudaThreads, 0, s>>>(c, plan.splits, parts, out);
   DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
 }
 
@@ -581,7 +673,7 @@ void CudaBatchNorm::backward(const OpArgs& a, const float* dy, const std::vector
 }
 
 void CudaBatchNorm::backward_from(const OpArgs& a, const BnValues& x, const float* dy, const float* relu_y,
-                                  const BnGrad& dx, float* dz) {
+                                  const BnGrad& dx, float* dz, double* dx_sums) {
   const cudaStream_t s = ctx_.compute();
   const unsigned cgrid = cuda_grid(c_);
   const int64_t image = int64_t(c_) * hw_;
@@ -607,6 +699,13 @@ void CudaBatchNorm::backward_from(const OpArgs& a, const BnValues& x, const floa
   if (n <= 0) return;
   // A 16-bit input has its gradient in 16 bits (Note [16-bit handoff]).
   DDP_CHECK(x.h ? !dx.f : !dx.h, "BatchNorm2d ", op_.name, ": an input and its gradient of two widths");
+  DDP_CHECK(!dx_sums || dx.f || dx.h, "BatchNorm2d ", op_.name, ": the sums of an input gradient not written");
+  if (dx_sums && x.h)
+    return backward_runs(ctx_, layout_, a.batch, c_, hw_, HalfValues{x.h, x.prec, x.bias}, dy, relu_y, chan_,
+                         HalfOut{dx.h, dx.prec}, dz, parts_for(1), dx_sums);
+  if (dx_sums)
+    return backward_runs(ctx_, layout_, a.batch, c_, hw_, FloatValues{x.f}, dy, relu_y, chan_, FloatOut{dx.f}, dz,
+                         parts_for(1), dx_sums);
   const unsigned grid = cuda_grid(n);
   if (x.h)
     bn_backward_kernel<<<grid, kCudaThreads, 0, s>>>(n, c_, pixel_stride(), HalfValues{x.h, x.prec, x.bias}, dy,

@@ -18,6 +18,16 @@
 // for the forward, is kept for the weight gradient, where op by op
 // backward rounds it again. In fp32 and TF32 the two run in turn, the
 // output between them in floats, as op by op.
+//
+// Note [bias in backward] (bias-in-bn): where the convolution sums its
+// bias's gradient in runs (CudnnConv::bias_by_sums: conv-bias-sums, or
+// NHWC), it sums the gradient the BatchNorm's backward has just written,
+// reading it all again. With bias-in-bn the BatchNorm's backward pass sums
+// it as it writes it: each element by the thread and block that the
+// convolution's sums would read it with (the same plan of runs, the same
+// order and tree), so the channels' sums are those bits, and the
+// convolution adds them (add_bias_sums) as it would have. One pass over
+// the output's gradient and two launches fewer a run; the same bits.
 #include "ddp/nn/cuda/kernels.hpp"
 
 #include <utility>
@@ -73,6 +83,13 @@ void CudaConvBn::reserve(const OpArgs& a) {
   mid_.reserve(ctx_, floats);
   if (a.mode == Mode::Train) dmid_->reserve(ctx_, floats);
   if (half) in_half_.reserve(ctx_, cuda::DeviceBuffer::floats_for(size_t(a.batch) * size_t(in_numel_) * elem));
+  if (a.mode == Mode::Train && conv_params_ > 1)
+    bias_sums_.reserve(ctx_, cuda::DeviceBuffer::floats_for(sizeof(double) * size_t(c_)));
+}
+
+double* CudaConvBn::bias_sums() {
+  if (conv_params_ < 2 || !ctx_.next(NextKernel::BiasInBn) || !conv_.bias_by_sums(ctx_)) return nullptr;
+  return reinterpret_cast<double*>(bias_sums_.data());
 }
 
 // The convolution's output as the BatchNorm reads it (in 16 bits with the
@@ -109,8 +126,13 @@ void CudaConvBn::backward(const OpArgs& a, const float* dy, const std::vector<fl
   DDP_CHECK(train_batch_ == a.batch, "op ", conv_name_, ": backward without a training forward of ", a.batch,
             " samples");
   const BnGrad d = dmid();
-  backward_from(bn_args(a), mid(a), dy, relu_ ? a.y : nullptr, d, add_ ? dx[1] : nullptr);
+  double* db_sums = bias_sums();  // Note [bias in backward]
+  backward_from(bn_args(a), mid(a), dy, relu_ ? a.y : nullptr, d, add_ ? dx[1] : nullptr, db_sums);
   float* db = conv_params_ > 1 ? a.dp[1] : nullptr;
+  if (db_sums) {
+    conv_.add_bias_sums(ctx_, db_sums, db);
+    db = nullptr;  // added
+  }
   if (d.h)
     conv_.backward_from_half(ctx_, a.batch, a.x[0], reinterpret_cast<const uint16_t*>(in_half_.data()), a.p[0], d.h,
                              a.dp[0], db, dx[0]);

@@ -509,6 +509,11 @@ void CudnnConv::bias_grad(cuda::Context& ctx, int images, const void* dy, float*
     channel_sums_nhwc_cuda(ctx, static_cast<const float*>(dy), /*mean=*/nullptr, rows, c, partial, sums, parts);
   else
     channel_sums_cuda(ctx, static_cast<const float*>(dy), /*mean=*/nullptr, images, c, hw, partial, sums, parts);
+  add_bias_sums(ctx, sums, db, parts, stride);
+}
+
+void CudnnConv::add_bias_sums(cuda::Context& ctx, const double* sums, float* db, int parts, size_t stride) const {
+  const int c = out_.c;
   add_sums_kernel<<<cuda_grid(int64_t(c) * parts), kCudaThreads, 0, ctx.compute()>>>(c, parts, sums, precision_,
                                                                                       stride, db);
   DDP_CUDA_CHECK_LAUNCH(add_sums_kernel);

@@ -228,8 +228,10 @@ TEST_F(CudaModels, Resnet18ChannelsLastTwoSgdStepsMatchCpu) {
 // them (in bf16 and fp16 handing their output over in 16 bits: Note [16-bit
 // handoff]); two steps of ResNet-18 give the op-by-op run's logits,
 // gradients, running statistics and parameters bit for bit, in both layouts
-// and every precision, with BatchNorm's split sums and without
-// (deterministic cuDNN algorithms on both sides).
+// and every precision, with BatchNorm's split sums and without, and the
+// convolutions' bias gradients summed in the BatchNorms' backward (Note
+// [bias in backward]) or, without conv-bias-sums, by cuDNN (deterministic
+// cuDNN algorithms on both sides).
 TEST_F(CudaModels, ClaimedRunsAreBitwiseTheOpByOpRun) {
   ctx().set_deterministic(true);
   const int batch = 16, classes = 10;
@@ -245,7 +247,9 @@ TEST_F(CudaModels, ClaimedRunsAreBitwiseTheOpByOpRun) {
                         Case{false, Precision::F16, "next"}, Case{true, Precision::F16, "next"},
                         Case{false, Precision::F32, "next,-bn-split-sums"},
                         Case{false, Precision::BF16, "next,-bn-split-sums"},
-                        Case{false, Precision::F16, "next,-bn-split-sums"}}) {
+                        Case{false, Precision::F16, "next,-bn-split-sums"},
+                        Case{false, Precision::F32, "next,-conv-bias-sums"},
+                        Case{false, Precision::BF16, "next,-conv-bias-sums"}}) {
     const bool channels_last = c.channels_last;
     const Precision p = c.p;
     SCOPED_TRACE(std::string(channels_last ? "NHWC " : "NCHW ") + to_string(p) + " " + c.kernels);

@@ -49,9 +49,9 @@ TEST(GpuKernels, AnythingElseIsRefusedNamingWhatWouldDo) {
       const std::string what = e.what();
       EXPECT_NE(what.find("--gpu-kernels"), std::string::npos) << what;
       EXPECT_TRUE(what.find("proven, next, or next,-NAME") != std::string::npos ||
-                  what.find("(bn-split-sums, graph-conv, conv-bias-sums, bn-act, conv-bn, sync-bn-on-device, one-rank, "
-                            "loss-scale-on-device, shard-sums, shards-together, checked-runs, shard-streams, "
-                            "step-graphs)") !=
+                  what.find("(bn-split-sums, graph-conv, conv-bias-sums, bn-act, conv-bn, bias-in-bn, "
+                            "sync-bn-on-device, one-rank, loss-scale-on-device, shard-sums, shards-together, "
+                            "checked-runs, shard-streams, step-graphs)") !=
                       std::string::npos)
           << what;
     }

@@ -149,13 +149,21 @@ class CudnnConv {
   // context's per-stream scratch. Not where the bias is summed with
   // bias_grad, whose sums are this convolution's one buffer.
   bool concurrent_calls(const cuda::Context& ctx, bool bias) const { return !bias || !bias_by_sums(ctx); }
-
- private:
   // Whether backward sums the bias with bias_grad (else cuDNN's bias pass, or
-  // 16-bit NCHW's one block a channel).
+  // 16-bit NCHW's one block a channel): in Note [batch norm sums]'s runs
+  // (NHWC: Note [channels last sums]) of the output gradient as backward
+  // takes it (16-bit in bf16 and fp16), the channels' sums then added by
+  // add_bias_sums.
   bool bias_by_sums(const cuda::Context& ctx) const {
     return ctx.next(NextKernel::ConvBiasSums) || layout_ == Layout::NHWC;
   }
+  // db[k * stride + ch] += sums[k * c + ch] of `parts` batches' channel sums
+  // (device, doubles), each rounded to float once and then to the
+  // precision: bias_grad's last step, also for sums taken elsewhere (Note
+  // [bias in backward], src/nn/cuda/conv_bn.cu).
+  void add_bias_sums(cuda::Context& ctx, const double* sums, float* db, int parts = 1, size_t stride = 0) const;
+
+ private:
   struct Plan;
   Plan& plan(cuda::Context& ctx, int batch);
   // conv_plan_key of this convolution at `batch` in ctx (Note [measured
@@ -309,8 +317,12 @@ class CudaBatchNorm : public Kernel {
   // or where relu_y is not nullptr dy where relu_y > 0 (a ReLU after it); dx
   // and dz (each may be nowhere): the input's gradient, and that gradient
   // itself (a residual add's other input).
+  // With dx_sums (device, c doubles; Note [bias in backward] in conv_bn.cu),
+  // the pass that writes dx also sums it per channel, as written, into
+  // dx_sums: the bits channel_sums_cuda (or its NHWC or 16-bit twin) would
+  // give of the dx written.
   void backward_from(const OpArgs& a, const BnValues& x, const float* dy, const float* relu_y, const BnGrad& dx,
-                     float* dz);
+                     float* dz, double* dx_sums = nullptr);
   // What the element-wise passes divide a flat index by before taking it
   // modulo c: NCHW's pixels a plane, 1 in NHWC.
   int pixel_stride() const { return layout_ == Layout::NHWC ? 1 : hw_; }
@@ -408,6 +420,9 @@ class CudaConvBn final : public CudaBatchNorm {
   void reserve(const OpArgs& a);           // mid_ (and dmid_, in_half_) for a's batch
   BnValues mid(const OpArgs& a) const;     // mid_ as the BatchNorm reads it
   BnGrad dmid() const;                     // where the BatchNorm writes its input's gradient
+  // Where the BatchNorm's backward sums the convolution's bias gradient
+  // (Note [bias in backward]), or nullptr where the convolution sums it.
+  double* bias_sums();
   size_t ops_, conv_params_;
   bool add_, relu_;
   int64_t mid_numel_, in_numel_;  // a sample's convolution output and input
@@ -420,6 +435,7 @@ class CudaConvBn final : public CudaBatchNorm {
   // Floats, or 16-bit values two a float; sized for the largest batch seen.
   cuda::DeviceBuffer mid_, in_half_;
   std::shared_ptr<cuda::DeviceBuffer> dmid_;
+  cuda::DeviceBuffer bias_sums_;  // bias_sums's c doubles
   int train_batch_ = -1;  // the batch of the last forward if it trained
 };
 
