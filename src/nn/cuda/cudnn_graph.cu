@@ -238,6 +238,7 @@ struct Engine {
   Desc config, plan;
   size_t workspace = 0;
   ConvAlgoCandidate candidate;
+  EngineRefusal refusal = EngineRefusal::kNone;  // why not usable
 };
 
 std::vector<Engine> engines(cuda::Context& ctx, const OpGraph& g, Precision p, size_t cap) {
@@ -253,8 +254,13 @@ std::vector<Engine> engines(cuda::Context& ctx, const OpGraph& g, Precision p, s
         notes = notes_of(e.config);
       } catch (const Error&) {
       }
-      if (notes && graph_notes_usable(*notes, p) && make_plan(ctx, e.config, &e.plan, &e.workspace))
+      e.refusal = notes ? notes_refusal(*notes, p) : EngineRefusal::kNotesUnread;
+      if (e.refusal == EngineRefusal::kNone && !make_plan(ctx, e.config, &e.plan, &e.workspace))
+        e.refusal = EngineRefusal::kNoPlan;
+      if (e.refusal == EngineRefusal::kNone) {
         e.candidate = graph_engine_candidate(*notes, p, e.workspace, cap);
+        if (!e.candidate.usable) e.refusal = EngineRefusal::kWorkspace;
+      }
       offered.push_back(e.candidate);
       out.push_back(std::move(e));
     }
@@ -373,7 +379,12 @@ std::unique_ptr<GraphConv::Impl> choose_engine(cuda::Context& ctx, ConvDirection
     // and engine list): a repeated layer is timed once.
     std::vector<int>& cached =
         ctx.timed_algorithms()[detail::concat("graph ", to_string(d), " beta ", spec.beta, ": ", spec.key)];
-    if (cached.empty()) cached = {choose_timed_algo(time_engines(ctx, spec, es), deterministic).index};
+    if (cached.empty()) {
+      const std::vector<TimedAlgo> timed = time_engines(ctx, spec, es);
+      for (const size_t i : engines_to_time(ctx, es))
+        if (!timed[i].usable) es[i].refusal = EngineRefusal::kTimingFailed;
+      cached = {choose_timed_algo(timed, deterministic).index};
+    }
     index = cached[0];
   } else {
     std::vector<ConvAlgoCandidate> ranked;
@@ -382,8 +393,15 @@ std::unique_ptr<GraphConv::Impl> choose_engine(cuda::Context& ctx, ConvDirection
     index = (c.deterministic || !deterministic) ? c.index : -1;
   }
   if (index < 0 || size_t(index) >= es.size() || !es[size_t(index)].candidate.usable) {
+    std::vector<EngineRefusal> refusals;
+    for (const Engine& e : es)
+      refusals.push_back(e.refusal == EngineRefusal::kNone && deterministic && !e.candidate.deterministic
+                             ? EngineRefusal::kNondeterministic
+                             : e.refusal);
+    const std::string counted = engine_refusals(refusals);
     *why = detail::concat("none of the ", es.size(), " engines offered may run it",
-                          deterministic ? " deterministically" : "", " (Note [graph engines])");
+                          deterministic ? " deterministically" : "", counted.empty() ? "" : ": " + counted,
+                          " (Note [graph engines])");
     return nullptr;
   }
   if (!ctx.benchmark()) {

@@ -105,6 +105,36 @@ TEST(GraphEngines, NarrowerInputsOrSumsAndStartUpCompilationAreNeverTaken) {
     }
 }
 
+// A direction that falls back says why each engine offered was refused,
+// counted by reason: the first rule an engine's notes fail.
+TEST(GraphEngines, AFallbackCountsWhyTheEnginesWereRefused) {
+  EngineNotes down, reduced, compiled, tensor_core, all;
+  down.down_convert = true;
+  reduced.reduced_reduction = true;
+  compiled.runtime_compilation = true;
+  tensor_core.tensor_core = true;
+  all = {true, true, true, true, true};
+  EXPECT_EQ(notes_refusal(down, Precision::BF16), EngineRefusal::kDownConvert);
+  EXPECT_EQ(notes_refusal(reduced, Precision::TF32), EngineRefusal::kReducedReduction);
+  EXPECT_EQ(notes_refusal(compiled, Precision::F16), EngineRefusal::kRuntimeCompilation);
+  EXPECT_EQ(notes_refusal(tensor_core, Precision::F32), EngineRefusal::kTensorCoreInFp32);
+  EXPECT_EQ(notes_refusal(tensor_core, Precision::TF32), EngineRefusal::kNone);
+  EXPECT_EQ(notes_refusal(all, Precision::F32), EngineRefusal::kDownConvert);
+  EXPECT_EQ(notes_refusal(EngineNotes{}, Precision::F32), EngineRefusal::kNone);
+
+  EXPECT_EQ(engine_refusals({}), "");
+  EXPECT_EQ(engine_refusals({EngineRefusal::kNone, EngineRefusal::kNone}), "");
+  EXPECT_EQ(engine_refusals({EngineRefusal::kWorkspace, EngineRefusal::kDownConvert, EngineRefusal::kNone,
+                             EngineRefusal::kDownConvert, EngineRefusal::kTensorCoreInFp32}),
+            "2 convert their inputs to a narrower type, 1 runs on tensor cores (TF32) in strict fp32, "
+            "1 needs more workspace than the cap");
+  EXPECT_EQ(engine_refusals({EngineRefusal::kNondeterministic, EngineRefusal::kTimingFailed,
+                             EngineRefusal::kNoPlan, EngineRefusal::kNotesUnread, EngineRefusal::kRuntimeCompilation,
+                             EngineRefusal::kReducedReduction, EngineRefusal::kNondeterministic}),
+            "1 has notes cuDNN would not give, 1 sums in less than fp32, 1 compiles a kernel at start-up, "
+            "1 has no plan cuDNN would build, 2 are not deterministic, 1 failed its timing runs");
+}
+
 TEST(GraphEngines, WorkspaceCapAndDeterminism) {
   EngineNotes atomic;
   atomic.nondeterministic = true;

@@ -122,7 +122,8 @@ inline std::string conv_plan_key(Shape in, int out_c, int k, int stride, int pad
 // offered nothing the run may take (graph_engines_enough). The weight
 // gradient in fp32 NCHW is added in place (beta 1) where an engine takes
 // that, else written with beta 0 (as cuDNN's frontend always does) and
-// added. A direction no engine may run falls back, said once, to the legacy
+// added. A direction no engine may run falls back, said once (with the
+// engines' refusals counted by reason: engine_refusals), to the legacy
 // algorithm; so does one whose engine, chosen untimed, fails a trial run on
 // zeros when the layer's plan is made.
 struct EngineNotes {
@@ -133,15 +134,66 @@ struct EngineNotes {
   bool runtime_compilation = false;  // CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION
 };
 
+// Why an engine the heuristics offered may not run: the first rule above
+// it fails, or that cuDNN would not read its notes or build its plan, or
+// (a run's, not the engine's) that it is not deterministic under
+// --deterministic or failed its timing. The message of a direction that
+// falls back counts them (engine_refusals).
+enum class EngineRefusal {
+  kNone,
+  kNotesUnread,
+  kDownConvert,
+  kReducedReduction,
+  kRuntimeCompilation,
+  kTensorCoreInFp32,
+  kNoPlan,
+  kWorkspace,
+  kNondeterministic,
+  kTimingFailed,
+};
+
+// The rule of the notes an engine fails first (kNone: the notes allow it).
+inline EngineRefusal notes_refusal(const EngineNotes& n, Precision p) {
+  if (n.down_convert) return EngineRefusal::kDownConvert;
+  if (n.reduced_reduction) return EngineRefusal::kReducedReduction;
+  if (n.runtime_compilation) return EngineRefusal::kRuntimeCompilation;
+  if (p == Precision::F32 && n.tensor_core) return EngineRefusal::kTensorCoreInFp32;
+  return EngineRefusal::kNone;
+}
+
 // Whether the notes alone rule an engine out, before its plan is built.
 inline bool graph_notes_usable(const EngineNotes& n, Precision p) {
-  if (n.down_convert || n.reduced_reduction || n.runtime_compilation) return false;
-  return p != Precision::F32 || !n.tensor_core;
+  return notes_refusal(n, p) == EngineRefusal::kNone;
 }
 
 inline ConvAlgoCandidate graph_engine_candidate(const EngineNotes& n, Precision p, size_t workspace,
                                                 size_t workspace_cap) {
   return {graph_notes_usable(n, p) && workspace <= workspace_cap, !n.nondeterministic};
+}
+
+// "3 convert their inputs to a narrower type, 1 is over the workspace
+// cap": the refusals counted, in EngineRefusal's order ("" where none).
+inline std::string engine_refusals(const std::vector<EngineRefusal>& refusals) {
+  static const char* const kWhy[][2] = {
+      {"", ""},
+      {"has notes cuDNN would not give", "have notes cuDNN would not give"},
+      {"converts its inputs to a narrower type", "convert their inputs to a narrower type"},
+      {"sums in less than fp32", "sum in less than fp32"},
+      {"compiles a kernel at start-up", "compile a kernel at start-up"},
+      {"runs on tensor cores (TF32) in strict fp32", "run on tensor cores (TF32) in strict fp32"},
+      {"has no plan cuDNN would build", "have no plan cuDNN would build"},
+      {"needs more workspace than the cap", "need more workspace than the cap"},
+      {"is not deterministic", "are not deterministic"},
+      {"failed its timing runs", "failed their timing runs"},
+  };
+  constexpr size_t kKinds = sizeof(kWhy) / sizeof(kWhy[0]);
+  size_t count[kKinds] = {};
+  for (EngineRefusal r : refusals)
+    if (size_t(r) < kKinds) ++count[size_t(r)];
+  std::string out;
+  for (size_t k = 1; k < kKinds; ++k)
+    if (count[k]) out += (out.empty() ? "" : ", ") + std::to_string(count[k]) + " " + kWhy[k][count[k] > 1];
+  return out;
 }
 
 // Whether the engines one heuristics mode offered hold one the run may take,
