@@ -691,15 +691,18 @@ void CudaBatchNorm::backward_from(const OpArgs& a, const BnValues& x, const floa
                     relu_y ? relu_y + first * image : nullptr);
       },
       &grads, "gradient sums");
+  DDP_CHECK(!dx_sums || dx.f || dx.h, "BatchNorm2d ", op_.name, ": the sums of an input gradient not written");
   if (!dx.f && !dx.h && !dz) return;
   const double count = double(a.batch) * hw_ * (stats_ ? stats_->ranks() : 1);
   bn_backward_channel_kernel<<<cgrid, kCudaThreads, 0, s>>>(c_, sums_, count, a.p[0], chan_);
   DDP_CUDA_CHECK_LAUNCH(bn_backward_channel_kernel);
   const int64_t n = int64_t(a.batch) * c_ * hw_;
-  if (n <= 0) return;
+  if (n <= 0) {
+    if (dx_sums) DDP_CUDA_CHECK(cudaMemsetAsync(dx_sums, 0, sizeof(double) * size_t(c_), s));  // no values: sums 0
+    return;
+  }
   // A 16-bit input has its gradient in 16 bits (Note [16-bit handoff]).
   DDP_CHECK(x.h ? !dx.f : !dx.h, "BatchNorm2d ", op_.name, ": an input and its gradient of two widths");
-  DDP_CHECK(!dx_sums || dx.f || dx.h, "BatchNorm2d ", op_.name, ": the sums of an input gradient not written");
   if (dx_sums && x.h)
     return backward_runs(ctx_, layout_, a.batch, c_, hw_, HalfValues{x.h, x.prec, x.bias}, dy, relu_y, chan_,
                          HalfOut{dx.h, dx.prec}, dz, parts_for(1), dx_sums);

@@ -27,7 +27,7 @@
 // convolution's sums would read it with (the same plan of runs, the same
 // order and tree), so the channels' sums are those bits, and the
 // convolution adds them (add_bias_sums) as it would have. One pass over
-// the output's gradient and two launches fewer a run; the same bits.
+// the output's gradient and one launch fewer a run; the same bits.
 #include "ddp/nn/cuda/kernels.hpp"
 
 #include <utility>
@@ -83,14 +83,14 @@ void CudaConvBn::reserve(const OpArgs& a) {
   mid_.reserve(ctx_, floats);
   if (a.mode == Mode::Train) dmid_->reserve(ctx_, floats);
   if (half) in_half_.reserve(ctx_, cuda::DeviceBuffer::floats_for(size_t(a.batch) * size_t(in_numel_) * elem));
-  if (a.mode == Mode::Train && conv_params_ > 1)
+  if (a.mode == Mode::Train && bias_in_bn())
     bias_sums_.reserve(ctx_, cuda::DeviceBuffer::floats_for(sizeof(double) * size_t(c_)));
 }
 
-double* CudaConvBn::bias_sums() {
-  if (conv_params_ < 2 || !ctx_.next(NextKernel::BiasInBn) || !conv_.bias_by_sums(ctx_)) return nullptr;
-  return reinterpret_cast<double*>(bias_sums_.data());
+bool CudaConvBn::bias_in_bn() const {
+  return conv_params_ > 1 && ctx_.next(NextKernel::BiasInBn) && conv_.bias_by_sums(ctx_);
 }
+double* CudaConvBn::bias_sums() { return bias_in_bn() ? reinterpret_cast<double*>(bias_sums_.data()) : nullptr; }
 
 // The convolution's output as the BatchNorm reads it (in 16 bits with the
 // bias added as read), and where its gradient goes.

@@ -420,8 +420,10 @@ class CudaConvBn final : public CudaBatchNorm {
   void reserve(const OpArgs& a);           // mid_ (and dmid_, in_half_) for a's batch
   BnValues mid(const OpArgs& a) const;     // mid_ as the BatchNorm reads it
   BnGrad dmid() const;                     // where the BatchNorm writes its input's gradient
-  // Where the BatchNorm's backward sums the convolution's bias gradient
-  // (Note [bias in backward]), or nullptr where the convolution sums it.
+  // Whether the BatchNorm's backward sums the convolution's bias gradient
+  // (Note [bias in backward]), and where: else nullptr, the convolution
+  // sums it.
+  bool bias_in_bn() const;
   double* bias_sums();
   size_t ops_, conv_params_;
   bool add_, relu_;
