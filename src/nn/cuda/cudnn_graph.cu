@@ -35,8 +35,13 @@ namespace {
 
 // The three tensors' ids in every graph and variant pack.
 constexpr int64_t kX = 1, kW = 2, kY = 3;
-// The heuristics' engines looked at, and of those the most timed.
-constexpr int64_t kMaxConfigs = 16;
+// The heuristics' engines looked at (in practice all of them: their notes
+// are read before anything is built, since in strict fp32 the first dozens
+// of an sm_90 list are tensor-core engines it may not take), of those
+// whose notes allow them the most whose plans are built, and of those the
+// most timed.
+constexpr int64_t kMaxConfigs = 512;
+constexpr int kMaxPlans = 16;
 constexpr int kMaxTimed = 8;
 
 // A backend descriptor, destroyed with its owner.
@@ -192,6 +197,8 @@ EngineNotes notes_of(const Desc& config) {
   cudnnBackendNumericalNote_t numerical[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
   DDP_CUDNN_CHECK(cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
                                            CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, numerical));
+  // The count may be all the engine has, more than were asked for and written.
+  n = std::min<int64_t>(n, CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
   for (int64_t i = 0; i < n; ++i) {
     out.tensor_core |= numerical[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE;
     out.down_convert |= numerical[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS;
@@ -201,6 +208,7 @@ EngineNotes notes_of(const Desc& config) {
   cudnnBackendBehaviorNote_t behavior[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
   DDP_CUDNN_CHECK(cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
                                            CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &n, behavior));
+  n = std::min<int64_t>(n, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT);
   for (int64_t i = 0; i < n; ++i) out.runtime_compilation |= behavior[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION;
   return out;
 }
@@ -239,15 +247,19 @@ struct Engine {
   size_t workspace = 0;
   ConvAlgoCandidate candidate;
   EngineRefusal refusal = EngineRefusal::kNone;  // why not usable
+  bool fallback = false;                         // from cuDNN's fallback list
 };
 
 std::vector<Engine> engines(cuda::Context& ctx, const OpGraph& g, Precision p, size_t cap) {
   std::vector<Engine> out;
   std::vector<ConvAlgoCandidate> offered;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    int planned = 0;
     for (Desc& c : engine_configs(g, mode)) {
+      if (planned == kMaxPlans) break;
       Engine e;
       e.config = std::move(c);
+      e.fallback = mode == CUDNN_HEUR_MODE_FALLBACK;
       // An engine whose notes cannot be read is not run; the others may be.
       std::optional<EngineNotes> notes;
       try {
@@ -255,8 +267,10 @@ std::vector<Engine> engines(cuda::Context& ctx, const OpGraph& g, Precision p, s
       } catch (const Error&) {
       }
       e.refusal = notes ? notes_refusal(*notes, p) : EngineRefusal::kNotesUnread;
-      if (e.refusal == EngineRefusal::kNone && !make_plan(ctx, e.config, &e.plan, &e.workspace))
-        e.refusal = EngineRefusal::kNoPlan;
+      if (e.refusal == EngineRefusal::kNone) {
+        ++planned;
+        if (!make_plan(ctx, e.config, &e.plan, &e.workspace)) e.refusal = EngineRefusal::kNoPlan;
+      }
       if (e.refusal == EngineRefusal::kNone) {
         e.candidate = graph_engine_candidate(*notes, p, e.workspace, cap);
         if (!e.candidate.usable) e.refusal = EngineRefusal::kWorkspace;
@@ -338,14 +352,30 @@ std::vector<TimedAlgo> time_engines(cuda::Context& ctx, const ConvGraphSpec& s, 
   return timed;
 }
 
-// An engine the heuristics ranked first, run once on zeros before a layer
-// relies on it (the timed ones have run): "" where it ran, else why not.
-std::string trial_run(cuda::Context& ctx, const ConvGraphSpec& s, const Engine& e) {
-  const Operands o(ctx, s, e.workspace);
+// An engine run once before a layer relies on it: the one the heuristics
+// ranked first, on zeros (the timed ones have run), and any engine asked to
+// add into its output (beta 1) on an output of ones, which zeros in must
+// leave as it was: cuDNN's own frontend never asks for beta 1 (its weight
+// gradient is always written), so it is checked here, not assumed. "" where
+// it passed, else why not.
+std::string trial_run(cuda::Context& ctx, ConvDirection d, const ConvGraphSpec& s, const Engine& e) {
+  Operands o(ctx, s, e.workspace);
+  const bool add = s.beta != 0.0f;
+  if (add && is_half(s.precision)) return "adding into a 16-bit output (beta 1) is not checked";
+  const bool fwd = d == ConvDirection::kForward, data = d == ConvDirection::kBackwardData;
+  cuda::DeviceBuffer& out = fwd ? o.y : data ? o.x : o.w;
+  const size_t n = Operands::bytes(s, fwd ? s.shapes.y : data ? s.shapes.x : s.shapes.w) / sizeof(float);
+  const std::vector<float> ones(add ? n : 0, 1.0f);
+  if (add)
+    DDP_CUDA_CHECK(cudaMemcpyAsync(out.data(), ones.data(), n * sizeof(float), cudaMemcpyHostToDevice, ctx.compute()));
   const cudnnStatus_t st = o.run(ctx, e.plan);
   if (st != CUDNN_STATUS_SUCCESS)
     return detail::concat("its engine failed a trial run (", cudnnGetErrorString(st), ")");
+  std::vector<float> back(ones.size());
+  if (add)
+    DDP_CUDA_CHECK(cudaMemcpyAsync(back.data(), out.data(), n * sizeof(float), cudaMemcpyDeviceToHost, ctx.compute()));
   DDP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));  // a fault of the run's own shows here
+  if (back != ones) return "its engine does not add into its output (beta 1): it overwrote it";
   return "";
 }
 
@@ -363,6 +393,20 @@ size_t GraphConv::workspace() const { return impl_->engine.workspace; }
 float GraphConv::beta() const { return impl_->beta; }
 
 namespace {
+
+// ": 3 convert their inputs to a narrower type, ...": why the engines es
+// hold (from the fallback list too, or not) may not run, counted
+// (engine_refusals); "" where none was refused.
+std::string refusals(const std::vector<Engine>& es, bool deterministic, bool fallback_too) {
+  std::vector<EngineRefusal> r;
+  for (const Engine& e : es)
+    if (fallback_too || !e.fallback)
+      r.push_back(e.refusal == EngineRefusal::kNone && deterministic && !e.candidate.deterministic
+                      ? EngineRefusal::kNondeterministic
+                      : e.refusal);
+  const std::string counted = engine_refusals(r);
+  return counted.empty() ? "" : ": " + counted;
+}
 
 // GraphConv::make's work: the graph, its engines, the choice; nullptr (and
 // *why) where no engine may run it.
@@ -393,21 +437,22 @@ std::unique_ptr<GraphConv::Impl> choose_engine(cuda::Context& ctx, ConvDirection
     index = (c.deterministic || !deterministic) ? c.index : -1;
   }
   if (index < 0 || size_t(index) >= es.size() || !es[size_t(index)].candidate.usable) {
-    std::vector<EngineRefusal> refusals;
-    for (const Engine& e : es)
-      refusals.push_back(e.refusal == EngineRefusal::kNone && deterministic && !e.candidate.deterministic
-                             ? EngineRefusal::kNondeterministic
-                             : e.refusal);
-    const std::string counted = engine_refusals(refusals);
     *why = detail::concat("none of the ", es.size(), " engines offered may run it",
-                          deterministic ? " deterministically" : "", counted.empty() ? "" : ": " + counted,
+                          deterministic ? " deterministically" : "", refusals(es, deterministic, true),
                           " (Note [graph engines])");
     return nullptr;
   }
-  if (!ctx.benchmark()) {
-    *why = trial_run(ctx, spec, es[size_t(index)]);
+  if (!ctx.benchmark() || spec.beta != 0.0f) {
+    *why = trial_run(ctx, d, spec, es[size_t(index)]);
     if (!why->empty()) return nullptr;
   }
+  if (es[size_t(index)].fallback)
+    ctx.warn_once("graph-fallback-list",
+                  detail::concat("the ", to_string(d), " convolution engine chosen for ", spec.key,
+                                 " is from cuDNN's fallback list (made to work, not to be fast): none of the ",
+                                 std::count_if(es.begin(), es.end(), [](const Engine& e) { return !e.fallback; }),
+                                 " its heuristics ranked may run it", refusals(es, deterministic, false),
+                                 " (said once)"));
   if (!es[size_t(index)].candidate.deterministic)
     ctx.warn_once("graph-nondeterministic",
                   detail::concat("the ", to_string(d), " convolution engine chosen for ", spec.key,

@@ -116,13 +116,17 @@ inline std::string conv_plan_key(Shape in, int out_c, int k, int stride, int pad
 // - its workspace within the cap;
 // - a nondeterministic engine is usable but ranked after deterministic ones
 //   (Note [conv algorithms]); --deterministic takes deterministic ones only.
-// Engines are then chosen as algorithms are: the first usable deterministic
-// one in the heuristics' order, or with --cudnn-benchmark the timed choice
+// Every engine a list offers has its notes read before any plan is built
+// (in strict fp32 an sm_90 list starts with dozens of tensor-core engines),
+// and plans are built for the first 16 whose notes allow them. Engines are
+// then chosen as algorithms are: the first usable deterministic one in the
+// heuristics' order, or with --cudnn-benchmark the timed choice
 // (choose_timed_algo). The fallback list is asked for only where mode A
-// offered nothing the run may take (graph_engines_enough). The weight
-// gradient in fp32 NCHW is added in place (beta 1) where an engine takes
-// that, else written with beta 0 (as cuDNN's frontend always does) and
-// added. A direction no engine may run falls back, said once (with the
+// offered nothing the run may take (graph_engines_enough); an engine of it
+// (made to work, not to be fast) is said once. The weight gradient in fp32
+// NCHW is added in place (beta 1) where an engine takes that and a trial
+// run shows it adds (cuDNN's frontend never asks for it), else written with
+// beta 0 (as the frontend always does) and added. A direction no engine may run falls back, said once (with the
 // engines' refusals counted by reason: engine_refusals), to the legacy
 // algorithm; so does one whose engine, chosen untimed, fails a trial run on
 // zeros when the layer's plan is made.
