@@ -254,6 +254,7 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
   }
 
   ~NcclCommunicator() override {
+    if (wire_) quietly([&] { DDP_CUDA_CHECK(cudaFreeAsync(wire_, ctx_.comm())); });
     const ncclComm_t c = state_->comm.exchange(nullptr);
     state_->set_broken("the nccl communicator was destroyed");
     if (!c) return;  // aborted already
@@ -296,7 +297,7 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
     auto w = ordered_work(desc);
     uint16_t* buf = nullptr;
     if (half) {
-      DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf), count * sizeof(uint16_t), ctx_.comm()));
+      buf = wire_buffer(count, desc);
       const float pre = op == ReduceOp::Avg ? 1.0f / float(size_) : 1.0f;
       to_16_kernel<<<cast_grid(count), kCastThreads, 0, ctx_.comm()>>>(data, buf, count, pre, bf16);
       DDP_CUDA_CHECK_LAUNCH(to_16_kernel);
@@ -312,7 +313,6 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
     if (half) {
       from_16_kernel<<<cast_grid(count), kCastThreads, 0, ctx_.comm()>>>(buf, data, count, bf16);
       DDP_CUDA_CHECK_LAUNCH(from_16_kernel);
-      DDP_CUDA_CHECK(cudaFreeAsync(buf, ctx_.comm()));
     }
     DDP_CUDA_CHECK(cudaEventRecord(w->done_event(), ctx_.comm()));
     return w;
@@ -371,6 +371,24 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
     DDP_CUDA_CHECK(cudaEventRecord(w->done_event(), ctx_.comm()));
     return w;
   }
+  // The 16-bit copy a compressed all-reduce sends, `count` values: one
+  // buffer kept for every bucket (they run in turn on the comm stream), so
+  // that a captured step allocates nothing (Note [step graphs]); grown,
+  // stream-ordered on the comm stream, where a bucket is larger than any
+  // before, which makes captured steps stale.
+  uint16_t* wire_buffer(size_t count, const std::string& desc) {
+    if (count <= wire_count_) return wire_;
+    DDP_CHECK(!ctx_.capturing(), desc, ": its 16-bit buffer grown while the step is captured as a CUDA graph");
+    if (wire_) {
+      ctx_.moved();
+      DDP_CUDA_CHECK(cudaFreeAsync(wire_, ctx_.comm()));
+      wire_ = nullptr;
+      wire_count_ = 0;
+    }
+    DDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&wire_), count * sizeof(uint16_t), ctx_.comm()));
+    wire_count_ = count;
+    return wire_;
+  }
   // A collective's Work, the comm stream ordered after what compute has been
   // given so far (Note [device all-reduce order]).
   std::shared_ptr<NcclWork> ordered_work(const std::string& desc) {
@@ -397,6 +415,8 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
   int rank_ = 0, size_ = 1;
   std::shared_ptr<NcclState> state_;
   std::shared_ptr<EventPool> pool_;
+  uint16_t* wire_ = nullptr;  // wire_buffer's, on the comm stream
+  size_t wire_count_ = 0;
 };
 
 }  // namespace

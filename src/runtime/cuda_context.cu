@@ -86,6 +86,7 @@ Context::~Context() {
   for (cudaStream_t s : sides_) cudaStreamDestroy(s);
   if (dnn_) cudnnDestroy(dnn_);
   if (blas_) cublasDestroy(blas_);
+  if (blas_ws_) cudaFree(blas_ws_);
   for (cudaStream_t s : {compute_, copy_, comm_})
     if (s) cudaStreamDestroy(s);
 }
@@ -131,7 +132,32 @@ void Context::issue_on(int side) {
   side_ = side;
   spreading_ = std::this_thread::get_id();
   DDP_CUDNN_CHECK(cudnnSetStream(dnn_, compute()));
-  DDP_CUBLAS_CHECK(cublasSetStream(blas_, compute()));
+  DDP_CUBLAS_CHECK(cublasSetStream(blas_, compute()));  // back to cuBLAS's own workspace pool
+  if (side < 0) set_blas_workspace();
+}
+
+// Note [cuBLAS under capture]: without a workspace of the caller's, cuBLAS
+// takes one from a pool of its own, and in a captured step that may be an
+// allocation inside the graph (a graph launched again while its last
+// launch's allocation is unfreed fails). So where steps may be captured
+// (step-graphs) the compute stream's cuBLAS calls get a workspace of the
+// context's own, made at once (eager steps and captured ones then choose
+// their GEMMs alike), of the size cuBLAS's documentation recommends (32 MiB
+// on Hopper, 4 MiB before), and set again after every cublasSetStream,
+// which resets it. Side streams (--deterministic's, never captured) keep
+// cuBLAS's pool: one workspace may not serve two streams at once.
+void Context::set_gpu_kernels(GpuKernels k) {
+  kernels_ = k;
+  if (!k.on(NextKernel::StepGraphs) || blas_ws_) return;
+  int major = 0;
+  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
+  blas_ws_bytes_ = size_t(major >= 9 ? 32 : 4) << 20;
+  DDP_CUDA_CHECK(cudaMalloc(&blas_ws_, blas_ws_bytes_));
+  if (issuing_to() < 0) set_blas_workspace();
+}
+
+void Context::set_blas_workspace() {
+  if (blas_ws_) DDP_CUBLAS_CHECK(cublasSetWorkspace(blas_, blas_ws_, blas_ws_bytes_));
 }
 
 void Context::on_side_streams(int64_t n, const std::function<void(int64_t)>& body) {

@@ -396,7 +396,9 @@ TEST_F(GpuTraining, Fp16LossScaleOnTheDeviceSkipsAsTheHostDoes) {
 // corrections of its own every step), an evaluation each epoch whose last
 // batch is partial; and LeNet in fp16 from a loss scale that overflows, its
 // scaler on the device skipping steps (taken back on the host between a
-// step's two graphs). Each trains as its steps as issued do, bit for bit
+// step's two graphs); and LeNet with 16-bit gradient compression, whose
+// all-reduces NCCL still runs at one rank, in the graph, from a 16-bit
+// buffer kept across steps. Each trains as its steps as issued do, bit for bit
 // where two runs as issued agree bit for bit (cuDNN's algorithms), else
 // within float's reach; the counters and skipped steps exactly.
 TEST_F(GpuTraining, StepGraphsTrainAsTheStepsAsIssued) {
@@ -407,7 +409,9 @@ TEST_F(GpuTraining, StepGraphsTrainAsTheStepsAsIssued) {
   // take back.
   const std::string fp16 = "--synthetic 2048 --epochs 2 --batch-size 128 --optimizer adamw --lr 0.003 --seed 5 "
                            "--precision fp16 --init-scale 1073741824";
-  for (const std::string& args : {resnet, fp16}) {
+  const std::string compressed = "--synthetic 2048 --epochs 2 --batch-size 128 --lr 0.05 --seed 5 "
+                                 "--grad-compression fp16";
+  for (const std::string& args : {resnet, fp16, compressed}) {
     SCOPED_TRACE(args);
     std::map<std::string, int64_t> skipped;
     for (const char* run : {"issued", "again", "graphs"}) {

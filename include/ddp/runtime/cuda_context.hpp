@@ -111,6 +111,7 @@ class Context {
   // captured allocation would belong to the graph, and a growth waits for
   // the stream, which a capture does not allow.
   void set_capturing(bool on) { capturing_ = on; }
+  bool capturing() const { return capturing_; }
 
   // Blocks until the compute stream has finished what was issued so far.
   void sync();
@@ -131,8 +132,8 @@ class Context {
   // --gpu-kernels: which kernels written since a GPU last ran the tests run
   // instead of the ones that have (Note [next kernels], runtime/gpu_kernels.hpp;
   // docs/gpus.md, "Kernels not yet run"); set_next_kernels: all or none.
-  void set_gpu_kernels(GpuKernels k) { kernels_ = k; }
-  void set_next_kernels(bool on) { kernels_ = on ? GpuKernels::next() : GpuKernels::proven(); }
+  void set_gpu_kernels(GpuKernels k);
+  void set_next_kernels(bool on) { set_gpu_kernels(on ? GpuKernels::next() : GpuKernels::proven()); }
   bool next(NextKernel k) const { return kernels_.on(k); }
   // --channels-last: graphs that allow it run NHWC on this device (Note
   // [channels last], nn/layout.hpp).
@@ -148,6 +149,11 @@ class Context {
   int sms_ = 1;
   cudaStream_t compute_ = nullptr, copy_ = nullptr, comm_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  // Note [cuBLAS under capture] (cuda_context.cu): the compute stream's
+  // cuBLAS workspace where step-graphs is on, else nullptr (cuBLAS's pool).
+  void* blas_ws_ = nullptr;
+  size_t blas_ws_bytes_ = 0;
+  void set_blas_workspace();  // on the compute stream, where there is one
   cudnnHandle_t dnn_ = nullptr;
   struct Scratch {
     void* p = nullptr;

@@ -183,6 +183,9 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
   auto it = plans_.find(batch);
   if (it != plans_.end()) return *it->second;
   DDP_CHECK(batch > 0, "batch ", batch);
+  // Making a plan times, tries and synchronises, which a captured step may
+  // not; a step is captured only after it ran as issued (Note [step graphs]).
+  DDP_CHECK(!ctx.capturing(), "a plan for batch ", batch, " made while the step is captured as a CUDA graph");
   auto p = std::make_unique<Plan>();
   const cudnnDataType_t type = cudnn_data_type(precision_);
   DDP_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->x));
