@@ -41,7 +41,7 @@ namespace ddp::nn {
 
 namespace {
 
-constexpr size_t kMaxWorkspace = size_t(512) << 20;
+constexpr size_t kMaxWorkspace = kConvWorkspaceCap;
 
 // Part k's db[k * stride + ch] += sums[k * c + ch], rounded to float once,
 // then to p (a 16-bit bias gradient: channel_grad_from_half_cuda's

@@ -135,8 +135,17 @@ struct OpGraph {
   Desc x, w, y, conv, op, graph;
 };
 
+// What engines are chosen for: the GPU a handle works on, or a device
+// described to cuDNN (Note [engines without a GPU], cudnn_graph.hpp); and
+// whether only deterministic engines may run.
+struct Target {
+  cudnnHandle_t handle = nullptr;
+  cudnnBackendDescriptor_t device = nullptr;
+  bool deterministic = false;
+};
+
 // False (with the status in *why) where cuDNN will not take the graph.
-bool make_graph(cuda::Context& ctx, ConvDirection d, const ConvGraphSpec& s, OpGraph* g, std::string* why) {
+bool make_graph(const Target& t, ConvDirection d, const ConvGraphSpec& s, OpGraph* g, std::string* why) {
   const cudnnDataType_t type = cudnn_data_type(s.precision);
   g->x = tensor(s.shapes.x, kX, type);
   g->w = tensor(s.shapes.w, kW, type);
@@ -155,19 +164,29 @@ bool make_graph(cuda::Context& ctx, ConvDirection d, const ConvGraphSpec& s, OpG
   g->graph = Desc(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   const cudnnBackendDescriptor_t ops[1] = {g->op.get()};
   g->graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, ops);
-  const cudnnHandle_t handle = ctx.dnn();
-  g->graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  if (t.handle) g->graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &t.handle);
   const cudnnStatus_t st = cudnnBackendFinalize(g->graph.get());
   if (st == CUDNN_STATUS_SUCCESS) return true;
   *why = detail::concat("the graph was refused (", cudnnGetErrorString(st), ")");
   return false;
 }
 
+// A descriptor's device (Note [engines without a GPU]) where t describes one.
+void set_device(Desc& d, cudnnBackendAttributeName_t name, const Target& t) {
+#if CUDNN_VERSION >= 90800
+  if (t.device) d.set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t.device);
+#else
+  (void)name;
+  DDP_CHECK(!t.device, "planning for a described device needs cuDNN 9.8 or later");
+#endif
+}
+
 // The engine configurations cuDNN's heuristics offer in `mode`, best first.
-std::vector<Desc> engine_configs(const OpGraph& g, cudnnBackendHeurMode_t mode) {
+std::vector<Desc> engine_configs(const Target& t, const OpGraph& g, cudnnBackendHeurMode_t mode) {
   Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
   heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g.graph);
   heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  set_device(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, t);
   if (cudnnBackendFinalize(heur.get()) != CUDNN_STATUS_SUCCESS) return {};
   int64_t count = 0;
   DDP_CUDNN_CHECK(
@@ -187,12 +206,29 @@ std::vector<Desc> engine_configs(const OpGraph& g, cudnnBackendHeurMode_t mode) 
   return configs;
 }
 
-EngineNotes notes_of(const Desc& config) {
-  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+// A configuration's engine, into `engine` (a created descriptor).
+void engine_of(const Desc& config, const Desc& engine) {
   cudnnBackendDescriptor_t raw = engine.get();
   int64_t n = 0;
   DDP_CUDNN_CHECK(
       cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &raw));
+}
+
+// cuDNN's number for a configuration's engine (the same across graphs).
+int64_t engine_index(const Desc& config) {
+  const Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  engine_of(config, engine);
+  int64_t n = 0, index = -1;
+  DDP_CUDNN_CHECK(
+      cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index));
+  return index;
+}
+
+EngineNotes notes_of(const Desc& config) {
+  const Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  engine_of(config, engine);
+  const cudnnBackendDescriptor_t raw = engine.get();
+  int64_t n = 0;
   EngineNotes out;
   cudnnBackendNumericalNote_t numerical[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
   DDP_CUDNN_CHECK(cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
@@ -215,10 +251,10 @@ EngineNotes notes_of(const Desc& config) {
 
 // An engine configuration's execution plan; false where cuDNN will not
 // build it for this graph.
-bool make_plan(cuda::Context& ctx, const Desc& config, Desc* plan, size_t* workspace) {
+bool make_plan(const Target& t, const Desc& config, Desc* plan, size_t* workspace) {
   Desc p(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-  const cudnnHandle_t handle = ctx.dnn();
-  p.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  if (t.handle) p.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &t.handle);
+  set_device(p, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, t);
   p.set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
   if (cudnnBackendFinalize(p.get()) != CUDNN_STATUS_SUCCESS) return false;
   int64_t n = 0, bytes = 0;
@@ -248,14 +284,15 @@ struct Engine {
   ConvAlgoCandidate candidate;
   EngineRefusal refusal = EngineRefusal::kNone;  // why not usable
   bool fallback = false;                         // from cuDNN's fallback list
+  EngineNotes notes;                             // where they were read
 };
 
-std::vector<Engine> engines(cuda::Context& ctx, const OpGraph& g, Precision p, size_t cap) {
+std::vector<Engine> engines(const Target& t, const OpGraph& g, Precision p, size_t cap) {
   std::vector<Engine> out;
   std::vector<ConvAlgoCandidate> offered;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     int planned = 0;
-    for (Desc& c : engine_configs(g, mode)) {
+    for (Desc& c : engine_configs(t, g, mode)) {
       if (planned == kMaxPlans) break;
       Engine e;
       e.config = std::move(c);
@@ -267,9 +304,10 @@ std::vector<Engine> engines(cuda::Context& ctx, const OpGraph& g, Precision p, s
       } catch (const Error&) {
       }
       e.refusal = notes ? notes_refusal(*notes, p) : EngineRefusal::kNotesUnread;
+      if (notes) e.notes = *notes;
       if (e.refusal == EngineRefusal::kNone) {
         ++planned;
-        if (!make_plan(ctx, e.config, &e.plan, &e.workspace)) e.refusal = EngineRefusal::kNoPlan;
+        if (!make_plan(t, e.config, &e.plan, &e.workspace)) e.refusal = EngineRefusal::kNoPlan;
       }
       if (e.refusal == EngineRefusal::kNone) {
         e.candidate = graph_engine_candidate(*notes, p, e.workspace, cap);
@@ -280,7 +318,7 @@ std::vector<Engine> engines(cuda::Context& ctx, const OpGraph& g, Precision p, s
     }
     // The fallback list only where the heuristics offered nothing the run
     // may take (under --deterministic: no deterministic engine).
-    if (graph_engines_enough(offered, ctx.deterministic())) break;
+    if (graph_engines_enough(offered, t.deterministic)) break;
   }
   return out;
 }
@@ -394,6 +432,16 @@ float GraphConv::beta() const { return impl_->beta; }
 
 namespace {
 
+// Without --cudnn-benchmark: the first usable deterministic engine in the
+// heuristics' order, else (not under --deterministic) the first usable one;
+// -1 where none may run.
+int untimed_choice(const std::vector<Engine>& es, bool deterministic) {
+  std::vector<ConvAlgoCandidate> ranked;
+  for (const Engine& e : es) ranked.push_back(e.candidate);
+  const ConvAlgoChoice c = choose_conv_algo(ranked);
+  return (c.deterministic || !deterministic) ? c.index : -1;
+}
+
 // ": 3 convert their inputs to a narrower type, ...": why the engines es
 // hold (from the fallback list too, or not) may not run, counted
 // (engine_refusals); "" where none was refused.
@@ -414,9 +462,10 @@ std::unique_ptr<GraphConv::Impl> choose_engine(cuda::Context& ctx, ConvDirection
                                                size_t workspace_cap, std::string* why) {
   auto impl = std::make_unique<GraphConv::Impl>();
   impl->beta = spec.beta;
-  if (!make_graph(ctx, d, spec, &impl->graph, why)) return nullptr;
-  std::vector<Engine> es = engines(ctx, impl->graph, spec.precision, workspace_cap);
   const bool deterministic = ctx.deterministic();
+  const Target target{ctx.dnn(), nullptr, deterministic};
+  if (!make_graph(target, d, spec, &impl->graph, why)) return nullptr;
+  std::vector<Engine> es = engines(target, impl->graph, spec.precision, workspace_cap);
   int index = -1;
   if (ctx.benchmark()) {
     // The timed choice by geometry, direction and beta (each its own graph
@@ -431,10 +480,7 @@ std::unique_ptr<GraphConv::Impl> choose_engine(cuda::Context& ctx, ConvDirection
     }
     index = cached[0];
   } else {
-    std::vector<ConvAlgoCandidate> ranked;
-    for (const Engine& e : es) ranked.push_back(e.candidate);
-    const ConvAlgoChoice c = choose_conv_algo(ranked);
-    index = (c.deterministic || !deterministic) ? c.index : -1;
+    index = untimed_choice(es, deterministic);
   }
   if (index < 0 || size_t(index) >= es.size() || !es[size_t(index)].candidate.usable) {
     *why = detail::concat("none of the ", es.size(), " engines offered may run it",
@@ -479,6 +525,40 @@ std::unique_ptr<GraphConv> GraphConv::make(cuda::Context& ctx, ConvDirection d, 
     (void)cudaGetLastError();
     return nullptr;
   }
+}
+
+PlannedEngine plan_graph_engine(const std::string& device_json, ConvDirection d, const ConvGraphSpec& spec,
+                                size_t workspace_cap, bool deterministic) {
+#if CUDNN_VERSION >= 90800
+  Desc device(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);
+  device.set(CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, int64_t(device_json.size() + 1),
+             device_json.c_str());
+  device.finalize();
+  const Target target{nullptr, device.get(), deterministic};
+  OpGraph graph;
+  std::string why;
+  PlannedEngine out;
+  if (!make_graph(target, d, spec, &graph, &why)) {
+    out.refusals = why;
+    return out;
+  }
+  const std::vector<Engine> es = engines(target, graph, spec.precision, workspace_cap);
+  out.offered = es.size();
+  const int index = untimed_choice(es, deterministic);
+  out.refusals = refusals(es, deterministic, true);
+  if (index < 0) return out;
+  const Engine& e = es[size_t(index)];
+  out.chosen = true;
+  out.fallback = e.fallback;
+  out.tensor_core = e.notes.tensor_core;
+  out.deterministic = e.candidate.deterministic;
+  out.engine = engine_index(e.config);
+  out.workspace = e.workspace;
+  return out;
+#else
+  (void)device_json, (void)d, (void)spec, (void)workspace_cap, (void)deterministic;
+  DDP_FAIL("planning for a described device needs cuDNN 9.8 or later");
+#endif
 }
 
 void GraphConv::run(cuda::Context& ctx, const void* x, const void* w, const void* y) const {

@@ -40,6 +40,9 @@ struct ConvAlgoCandidate {
   bool deterministic = false;
 };
 
+// The most workspace a convolution's algorithm or engine may ask for.
+constexpr size_t kConvWorkspaceCap = size_t(512) << 20;
+
 struct ConvAlgoChoice {
   int index = -1;              // into the ranked list; -1: none is usable
   bool deterministic = false;  // false: the fallback, a usable but non-deterministic one

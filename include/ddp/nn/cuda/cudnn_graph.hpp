@@ -31,6 +31,26 @@ struct ConvGraphSpec {
   std::string key;  // conv_plan_key: the timed choice's cache key
 };
 
+// Note [engines without a GPU]: cuDNN (9.8 on) plans for a device
+// described to it in JSON (a device-properties descriptor) as it plans for
+// the GPU it runs on: the heuristics' lists, the engines' notes, their
+// plans and workspace sizes are all host-side. So the engine Note [graph
+// engines] chooses without timing (GraphConv::make, less its trial run) is
+// known on machines without a GPU; tests/unit/cuda/graph_engines_test.cpp
+// asks it for an H100. What timing and the trial run add needs the GPU.
+struct PlannedEngine {
+  bool chosen = false;       // an engine may run it
+  bool fallback = false;     // from cuDNN's fallback list
+  bool tensor_core = false;  // on tensor cores (TF32 for fp32 data)
+  bool deterministic = false;
+  int64_t engine = -1;       // cuDNN's number for it
+  size_t workspace = 0;      // bytes
+  size_t offered = 0;        // engines looked at
+  std::string refusals;      // ": 3 convert their inputs ...": why the others may not run; or why no graph
+};
+PlannedEngine plan_graph_engine(const std::string& device_json, ConvDirection d, const ConvGraphSpec& spec,
+                                size_t workspace_cap, bool deterministic);
+
 class GraphConv {
  public:
   // The direction's graph and execution plan; nullptr where no engine may
