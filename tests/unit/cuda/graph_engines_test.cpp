@@ -54,7 +54,8 @@ std::set<Conv> convolutions(const std::string& model) {
     if (op.kind == OpKind::Conv2d) {
       EXPECT_EQ(conv, op.out) << op.name;
     }
-    if (op.kind == OpKind::Conv2d || op.kind == OpKind::ConvReluPool) out.insert({op.in, conv, op.k, op.stride, op.pad});
+    if (op.kind == OpKind::Conv2d || op.kind == OpKind::ConvReluPool)
+      out.insert({op.in, conv, op.k, op.stride, op.pad});
   }
   return out;
 }
@@ -69,7 +70,8 @@ void expect_ranked_engines(const std::string& model, std::initializer_list<Layou
   for (const Conv& c : convs)
     for (Layout layout : layouts)
       for (Precision p : {Precision::F32, Precision::TF32, Precision::BF16, Precision::F16})
-        for (ConvDirection d : {ConvDirection::kForward, ConvDirection::kBackwardData, ConvDirection::kBackwardFilter}) {
+        for (ConvDirection d :
+             {ConvDirection::kForward, ConvDirection::kBackwardData, ConvDirection::kBackwardFilter}) {
           ConvGraphSpec spec;
           spec.shapes = conv_graph_shapes(c.in, c.out, c.k, 256, layout);
           spec.precision = p;
