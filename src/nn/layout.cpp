@@ -33,6 +33,10 @@ LayoutPlan plan_layout(const Graph& g, bool channels_last) {
     plan.why = detail::concat("op ", op.name, " (", to_string(op.kind), ") has no channels-last kernel");
     return plan;
   }
+  if (!layout_free(g.output_shape())) {
+    plan.why = detail::concat("the model's output ", to_string(g.output_shape()), " is read NCHW by the loss");
+    return plan;
+  }
   plan.layout = Layout::NHWC;
   return plan;
 }

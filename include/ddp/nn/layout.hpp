@@ -13,8 +13,9 @@
 // its weight gradient back. A graph runs channels-last only as a whole, and
 // only where no op would need the other layout: every op with a spatial
 // input or output is a Conv2d, BatchNorm2d, ReLU, Add or GlobalAvgPool,
-// and the model's input is the same in both layouts (one channel, or one
-// pixel). A value of one pixel or one channel is the same bytes in both
+// and the model's input and output are the same in both layouts (one
+// channel, or one pixel: the loader writes the one, the loss reads the
+// other). A value of one pixel or one channel is the same bytes in both
 // layouts, so Flatten and Linear after the global pool need nothing.
 // ResNet-18 qualifies; LeNet (its fused conv-ReLU-pool, its pooling and the
 // flatten of 50x4x4 in the state dict's order) stays NCHW, said once.
@@ -32,7 +33,7 @@ const char* to_string(Layout l);  // "NCHW", "NHWC"
 
 struct LayoutPlan {
   Layout layout = Layout::NCHW;
-  std::string why;  // channels-last asked for and refused: the op or input that needs NCHW
+  std::string why;  // channels-last asked for and refused: the op, input or output that needs NCHW
 };
 
 // The layout g runs in on a GPU: NHWC where channels_last asks for it and

@@ -65,6 +65,18 @@ TEST(ChannelsLast, AnInputOfSeveralChannelsStaysNchw) {
   EXPECT_NE(plan.why.find("input 3x8x8"), std::string::npos) << plan.why;
 }
 
+// The loss reads the output as NCHW: a graph whose output is a plane
+// (here a convolution's) stays NCHW, though each of its ops has an NHWC
+// kernel.
+TEST(ChannelsLast, AnOutputOfPlanesStaysNchw) {
+  GraphBuilder b("planes", {1, 8, 8}, true);
+  const Graph g = b.finish(b.conv("conv", 0, 4, 3));
+  for (const Op& op : g.ops) EXPECT_TRUE(runs_nhwc(g, op)) << op.name;
+  const LayoutPlan plan = plan_layout(g, true);
+  EXPECT_EQ(plan.layout, Layout::NCHW);
+  EXPECT_NE(plan.why.find("output 4x"), std::string::npos) << plan.why;
+}
+
 TEST(ChannelsLast, IndicesAreATransposeOfOneAnother) {
   const int n = 2, c = 3, h = 4, w = 5;
   std::set<int64_t> nchw, nhwc;
