@@ -220,8 +220,11 @@ class MpiCommunicator final : public Communicator {
                                                    std::string what) override {
     auto w = std::make_shared<MpiWork>(std::move(what), data, count, op, wire, timeout_);
     DDP_CHECK(data != nullptr || count == 0, w->describe(), ": null buffer");
-    // With one rank the sum and the mean are the buffer itself.
+    // With one rank the sum and the mean are the buffer itself; in 16 bits
+    // rounded, as at any world size (and as NCCL's, and PyTorch's
+    // fp16_compress_hook, round one rank's).
     if (size_ == 1 || count == 0) {
+      if (wire != Wire::F32) round_to_wire(data, count, wire == Wire::BF16);
       w->finish("");
       return w;
     }
@@ -457,6 +460,12 @@ class MpiCommunicator final : public Communicator {
     if (!error.empty()) return error;
     for (size_t i = 0; i < w.count(); ++i) data[i] = bf16 ? bf16_to_float(stage16_[i]) : fp16_to_float(stage16_[i]);
     return "";
+  }
+
+  // One rank's 16-bit all-reduce: each value rounded to the wire's format.
+  static void round_to_wire(float* data, size_t count, bool bf16) {
+    for (size_t i = 0; i < count; ++i)
+      data[i] = bf16 ? bf16_to_float(float_to_bf16(data[i])) : fp16_to_float(float_to_fp16(data[i]));
   }
 
   static void add_fp16(void* in, void* inout, int* len, MPI_Datatype*) {

@@ -9,6 +9,7 @@
 
 #include "ddp/comm/communicator.hpp"
 #include "ddp/core/error.hpp"
+#include "ddp/core/half.hpp"  // float_to_bf16, float_to_fp16 and back
 #include "../test_world.hpp"
 
 namespace ddp::comm {
@@ -149,6 +150,32 @@ TEST(MpiCommunicator, SixteenBitMeanIsTheRoundedMeanOnEveryRank) {
       EXPECT_EQ(std::memcmp(all.data(), all.data() + size_t(r) * n * sizeof(float), n * sizeof(float)), 0)
           << "rank " << r << " holds other bits than rank 0";
   }
+}
+
+// --grad-compression at one rank rounds the gradients to 16 bits as at two
+// or more (a run at np 1 trains as the same recipe at np 2 would): the mean
+// of one rank's values is each value in the wire's format.
+TEST(MpiCommunicator, OneRanksSixteenBitAllReduceRoundsToTheWiresFormat) {
+  auto comm = make_mpi_communicator(test_world(MPI_COMM_SELF));
+  ASSERT_EQ(comm->size(), 1);
+  const size_t n = 1001;
+  for (Wire wire : {Wire::F16, Wire::BF16})
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      SCOPED_TRACE(wire_name(wire));
+      std::vector<float> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = 0.001f * float(i) + 1.0f / 3.0f;
+      const std::vector<float> before = v;
+      comm->allreduce_compressed_async(v.data(), n, op, wire, "one rank")->wait();
+      size_t bad = 0, moved = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const float want = wire == Wire::BF16 ? bf16_to_float(float_to_bf16(before[i]))
+                                              : fp16_to_float(float_to_fp16(before[i]));
+        bad += v[i] != want;
+        moved += v[i] != before[i];
+      }
+      EXPECT_EQ(bad, 0u);
+      EXPECT_GT(moved, n / 2) << "values 16 bits cannot hold";
+    }
 }
 
 TEST(MpiCommunicator, ZeroCountIsDoneAtOnce) {
