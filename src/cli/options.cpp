@@ -58,6 +58,10 @@ void validate(const train::Config& c, int world_size) {
           "time (", c.batch_size / k, " samples, --deterministic-shards ", k, "); drop --accumulate");
     usage(c.grad_compression == "none", "--grad-compression ", c.grad_compression,
           ": --deterministic sums gradients exactly, as integers; drop one of the two");
+    // Timings differ from run to run and rank to rank, and so would the
+    // algorithms, and with them the bits (Note [measured algorithms]).
+    usage(!c.cudnn_benchmark, "--cudnn-benchmark chooses convolution algorithms by timing them, which differs from "
+          "run to run and rank to rank: --deterministic needs the same algorithms everywhere; drop one of the two");
   }
   usage(c.batch_size % world_size == 0, "--batch-size ", c.batch_size,
         " is the global batch and must be divisible by the world size ", world_size, " (",

@@ -79,11 +79,12 @@ void CheckedRuns::each_shard(int batch, const std::function<void(int64_t, int)>&
 // A batch size a kernel cannot take in one call (cuDNN with no
 // deterministic algorithm for it) fails the check as a different result
 // does: the micro-shards' calls are the reference.
-std::string CheckedRuns::attempt(const std::function<void()>& call) {
+std::string CheckedRuns::attempt(const std::function<void()>& call) const {
   try {
     call();
     return "";
   } catch (const Error& e) {
+    if (env_.after_failure) env_.after_failure();
     return e.what();
   }
 }

@@ -198,17 +198,23 @@ class CudaShardDevice final : public nn::CudaDevice, public ShardsTogether, publ
     const Op& op = g.ops[i];
     if (op.kind == nn::OpKind::ConvReluPool) return std::make_unique<LaneConvReluPoolCuda>(op, ctx_);
     if (op.kind == nn::OpKind::BatchNorm2d) return std::make_unique<ShardBatchNormCuda>(op, ctx_, stats, layout(g));
-    if (ctx_.next(NextKernel::CheckedRuns) && checkable_in_runs(op.kind)) {
-      CheckedRuns::Env env;
-      env.device = this;
-      env.same_bits = [this](const float* a, const float* b, size_t n) { return same_bits_cuda(ctx_, a, b, n); };
-      env.say_once = [this](const std::string& key, const std::string& what) { ctx_.warn_once(key, what); };
-      std::unique_ptr<nn::Kernel> plain = op.kind == nn::OpKind::Conv2d
-                                              ? std::make_unique<ShardConvCuda>(op, ctx_, layout(g))
-                                              : CudaDevice::kernel(g, i, stats);
-      return std::make_unique<CheckedRuns>(g, i, std::move(plain), std::move(env));
-    }
-    return CudaDevice::kernel(g, i, stats);
+    // A convolution that sums its micro-shards' bias gradients in one pass
+    // and may take side streams (shards-together, shard-streams) whether or
+    // not its calls are checked runs: each piece on its own, so that
+    // leaving one out (gpu-check.sh's halving) leaves the others running.
+    std::unique_ptr<nn::Kernel> plain = op.kind == nn::OpKind::Conv2d && ctx_.next(NextKernel::ShardsTogether)
+                                            ? std::make_unique<ShardConvCuda>(op, ctx_, layout(g))
+                                            : CudaDevice::kernel(g, i, stats);
+    if (!ctx_.next(NextKernel::CheckedRuns) || !checkable_in_runs(op.kind)) return plain;
+    CheckedRuns::Env env;
+    env.device = this;
+    env.same_bits = [this](const float* a, const float* b, size_t n) { return same_bits_cuda(ctx_, a, b, n); };
+    env.say_once = [this](const std::string& key, const std::string& what) { ctx_.warn_once(key, what); };
+    // A failed one call (out of memory, say) leaves its error as the last;
+    // the micro-shards' calls that follow must not report it as theirs. A
+    // sticky error stays, and they do fail.
+    env.after_failure = [] { (void)cudaGetLastError(); };
+    return std::make_unique<CheckedRuns>(g, i, std::move(plain), std::move(env));
   }
 };
 

@@ -203,6 +203,13 @@ TEST_F(DeterministicFlags, NoShardsAreRefused) {
                    std::string("--deterministic-shards ") + k + " is out of range: it must be from 1 to 1048576");
 }
 
+// Timed algorithms differ between runs and ranks, so their bits would too.
+TEST_F(DeterministicFlags, TimedConvolutionAlgorithmsAreRefused) {
+  expect_failure(run_ddp_train(1, kRecipe + " --epochs 1 --cudnn-benchmark"),
+                 "--cudnn-benchmark chooses convolution algorithms by timing them, which differs from run to run and "
+                 "rank to rank: --deterministic needs the same algorithms everywhere; drop one of the two");
+}
+
 TEST_F(DeterministicFlags, ACheckpointOfAnotherCutIsRefusedNamingIt) {
   const std::string ck = path("ck");
   auto first = run_ddp_train(2, kRecipe + " --epochs 1 --checkpoint-dir " + ck);

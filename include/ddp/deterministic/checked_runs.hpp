@@ -59,6 +59,9 @@ class CheckedRuns final : public nn::Kernel, public LaneKernel, public ShardBias
     std::function<bool(const float* a, const float* b, size_t n)> same_bits;
     // Said once per key (the device's warn-once).
     std::function<void(const std::string& key, const std::string& message)> say_once;
+    // After a call that failed: what it left behind that the next call
+    // would take for its own failure (the GPU's last error); may be empty.
+    std::function<void()> after_failure;
   };
   enum class Verdict { Unchecked, OneCall, PerShard };
 
@@ -98,7 +101,7 @@ class CheckedRuns final : public nn::Kernel, public LaneKernel, public ShardBias
   void backward_checked(const nn::OpArgs& a, const float* dy, const std::vector<float*>& dx);
   Verdict current_verdict() const;  // begin_shards' batch, mode and direction
   // "" where call returned, else what it threw.
-  static std::string attempt(const std::function<void()>& call);
+  std::string attempt(const std::function<void()>& call) const;
   // A check's outcome for begin_shards' key (failed: the one call's error);
   // a failure is said once.
   void record(bool same, const std::string& failed);

@@ -132,6 +132,7 @@ class OneLaneDevice : public nn::Device, public ShardsTogether, public ShardStre
     env.say_once = [this](const std::string& key, const std::string& what) {
       if (said.emplace(key, what).second) ++says;
     };
+    env.after_failure = [this] { ++cleared; };
     return std::make_unique<CheckedRuns>(g, i, std::move(counted), std::move(env));
   }
   std::unique_ptr<nn::Array> alloc(size_t n) override { return shards_->alloc(n); }
@@ -147,6 +148,7 @@ class OneLaneDevice : public nn::Device, public ShardsTogether, public ShardStre
   std::map<std::string, Calls> calls;      // per op name (held by the kernels)
   std::map<std::string, std::string> said;  // say_once's, by key
   int says = 0;
+  int cleared = 0;  // after_failure's calls
 
  private:
   bool checked_;
@@ -277,11 +279,13 @@ TEST(CheckedRuns, AKernelThatDependsOnItsBatchRunsMicroShardByMicroShard) {
 
 // A one call that fails (cuDNN without a deterministic algorithm for the
 // larger batch) is a failed check, not a failed run: said once with its
-// error, the op then runs micro-shard by micro-shard.
+// error, what it left behind cleared (the GPU's last error), the op then
+// runs micro-shard by micro-shard.
 TEST(CheckedRuns, AOneCallThatFailsRunsMicroShardByMicroShard) {
   OneLaneDevice checked(true, "block1.conv1", Skew::Fails);
   const Steps got = checked_steps(checked, 33);
   ASSERT_EQ(checked.says, 3) << "once forward, once backward, once in evaluation";
+  EXPECT_EQ(checked.cleared, 3) << "after each failed call";
   EXPECT_NE(checked.said.begin()->second.find("op block1.conv1: one call over the micro-shards of a batch of "),
             std::string::npos);
   EXPECT_NE(checked.said.begin()->second.find(" failed (no algorithm for a batch of "), std::string::npos)

@@ -19,8 +19,10 @@
 // geometry's key (conv_plan_key): a network's repeated layers are timed
 // once. The fastest usable one runs, but a deterministic one within
 // kDeterministicSlack of it is preferred (repeated and resumed runs then stay
-// bitwise equal at almost no cost); --deterministic takes deterministic ones
-// only.
+// bitwise equal at almost no cost); a deterministic context takes
+// deterministic ones only (ddp_train refuses --cudnn-benchmark with
+// --deterministic: timings, and so the choice, differ between runs and
+// ranks).
 #pragma once
 
 #include <array>
