@@ -41,11 +41,13 @@
 #       whole lent session, as its machine goes back 30 s after a call:
 #       the stages GPU_ALL_STAGES (default `run profile bench nccl`; bench
 #       without its profile) one after another within GPU_ALL_S seconds
-#       (default 560), each step bounded by what is left (its exit status
-#       1 where a stage failed or was not reached). After each stage OUT
-#       holds all.txt (a line a stage), the stages' summaries
-#       (run-summary.txt, profile-summary.txt, bench.txt, ...) and logs.tgz
-#       (every log, no traces): what a call stopped at its limit returns.
+#       (default 560), run within GPU_RUN_S (240) and profile within
+#       GPU_PROFILE_S (150) of them, each step bounded by what is left (its
+#       exit status 1 where a stage failed or was not reached). OUT holds
+#       all.txt (a line a stage), the stages' summaries (run-summary.txt,
+#       profile-summary.txt, bench.txt, ...; each updated as the stage goes)
+#       and, after each stage, logs.tgz (every log, no traces): what a call
+#       stopped at its limit returns.
 #       GPU_NCCL_FILTER (a gtest filter) runs a part of `nccl`. A piece of
 #       next that the profile found failing is left out of the benchmark's
 #       runs of next after it (GPU_NEXT_CUT).
@@ -132,6 +134,11 @@ run | learn | bench | nccl | profile)
   }
   # Flags $1 with next's pieces $2 (",-NAME,...") left out (Note [next kernels]).
   without() { echo "${1/--gpu-kernels next/--gpu-kernels next$2}"; }
+  # Under `all`: OUT's file $2 is this stage's $1 so far, so that a call
+  # stopped in the middle of a stage still returns what the stage did.
+  keep() {
+    if [[ -n ${GPU_ALL_OUT:-} && -f $out/$1 ]]; then cp "$out/$1" "$GPU_ALL_OUT/$2"; fi
+  }
   if [[ $mode == bench ]]; then
     # Within a device call's 10 minutes: ResNet-18 over fewer epochs.
     # GPU_BENCH: model:precision:reps:epochs[:our flags, comma-separated],
@@ -149,6 +156,7 @@ run | learn | bench | nccl | profile)
       DDP_BENCH_IMAGES=${DDP_BENCH_IMAGES:-20480} DDP_TRAIN=$dir/bin/ddp_train timeout -k 10 "$bound" \
         "$root/bench/compare_pytorch_gpu.sh" --model "$model" --precision "$p" --ours "${flag:-}" "$reps" "$epochs" >>"$out/bench.txt" 2>&1 \
         || echo "bench $model $p ${flag:-} failed ($?)" >>"$out/bench.txt"
+      keep bench.txt bench.txt
     done
     cat "$out/bench.txt"
   fi
@@ -157,9 +165,12 @@ run | learn | bench | nccl | profile)
   if [[ $mode == profile || ($mode == bench && ${GPU_BENCH_PROFILE:-1} == 1) ]]; then
     IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision bf16 --cudnn-benchmark --gpu-kernels next --channels-last;--precision bf16 --cudnn-benchmark --gpu-kernels next,-conv-bn --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next;--precision fp32;--deterministic --sync-bn;--deterministic --sync-bn --gpu-kernels next}"
     # ResNet-18 with flags $1 (images $2), its output to $3.
+    # A run is bounded by GPU_PROFILE_STEP_S (90 s: 5120 images take a
+    # few seconds), so that one that hangs leaves the stage its time.
     resnet() {
       local bound
       bound=$(limit) || { echo "not run, the call's time is spent" >>"$3"; return 125; }
+      ((bound > ${GPU_PROFILE_STEP_S:-90})) && bound=${GPU_PROFILE_STEP_S:-90}
       # shellcheck disable=SC2086
       timeout -k 10 "$bound" "$dir/bin/ddp_train" --device cuda --backend nccl --model resnet18 --synthetic "$2" \
         --epochs 1 --batch-size 256 --lr 0.1 --quiet $1 >>"$3" 2>&1
@@ -176,15 +187,26 @@ run | learn | bench | nccl | profile)
       read -r -a pieces <<<"$(sed -n 's/.*a kernel of next (\([^)]*\)).*/\1/p' "$scratch" | tr -d ' ' | tr ',' ' ')"
       if ((${#pieces[@]} == 0)); then
         echo "bisect: the pieces of next are not known ($(tail -1 "$scratch"))" >>"$out/profile.txt"
+        rm -f "$scratch"
         return 1
       fi
       # The short untraced run must fail with all of next, or halving it
-      # would name a piece that fails nothing.
+      # would name a piece that fails nothing; and pass with proven, or the
+      # fault is not next's.
       : >"$scratch"
       local rc=0
       resnet "$flags" 1024 "$scratch" || rc=$?
-      if ((rc == 0 || rc == 125)); then
-        echo "bisect: not narrowed: ${flags} $( ((rc == 0)) && echo "passes in a short untraced run" || echo "was not run: the call's time is spent")" >>"$out/profile.txt"
+      if ((rc == 0 || rc == 125 || rc == 124 || rc == 137)); then
+        echo "bisect: not narrowed: ${flags} $(case $rc in 0) echo "passes in a short untraced run" ;; 125) echo "was not run: the call's time is spent" ;; *) echo "timed out: a hang is not halved" ;; esac)" >>"$out/profile.txt"
+        rm -f "$scratch"
+        return 1
+      fi
+      : >"$scratch"
+      rc=0
+      # shellcheck disable=SC2001
+      resnet "$(sed 's/--gpu-kernels next[^ ]*/--gpu-kernels proven/' <<<"$flags")" 1024 "$scratch" || rc=$?
+      if ((rc != 0)); then
+        echo "bisect: not narrowed: ${flags} fails with --gpu-kernels proven too (exit $rc; $(tail -1 "$scratch"))" >>"$out/profile.txt"
         rm -f "$scratch"
         return 1
       fi
@@ -194,8 +216,8 @@ run | learn | bench | nccl | profile)
         : >"$scratch"
         rc=0
         resnet "$(without "$flags" "$half")" 1024 "$scratch" || rc=$?
-        if ((rc == 125)); then
-          echo "bisect: stopped, the call's time is spent (left: ${pieces[*]})" >>"$out/profile.txt"
+        if ((rc == 125 || rc == 124 || rc == 137)); then
+          echo "bisect: stopped, $( ((rc == 125)) && echo "the call's time is spent" || echo "a run timed out") (left: ${pieces[*]})" >>"$out/profile.txt"
           rm -f "$scratch"
           return 1
         elif ((rc == 0)); then
@@ -215,24 +237,40 @@ run | learn | bench | nccl | profile)
       fi
       rm -f "$scratch"
     }
-    # Set $1 with flags $2, traced, its kernel table after it; fails where
-    # the run did.
+    # Set $1 with flags $2, traced, its kernel table after it; 1 where the
+    # run failed, 2 where it timed out (a hang is not halved), and each
+    # set's median step so far into profile-summary.txt.
     profile_set() {
       echo "=== ResNet-18, batch 256, $2" >>"$out/profile.txt"
       local rc=0
       resnet "$2 --trace $out/p$1.json --trace-steps 10:14" 5120 "$out/profile.txt" || rc=$?
       if ((rc == 0)); then
         python3 "$root/bench/gpu_kernels.py" "$out/p$1.rank0.json" --top 40 >>"$out/profile.txt" 2>&1 || true
-        return 0
+      elif ((rc != 125)); then  # 125: not run (said), nothing to narrow down
+        echo "profile $2 failed (exit $rc$( ((rc == 124 || rc == 137)) && echo ": timed out"))" >>"$out/profile.txt"
       fi
-      ((rc == 125)) && return 0  # not run (said): nothing to narrow down
-      echo "profile $2 failed" >>"$out/profile.txt"
-      return 1
+      python3 "$root/bench/profile_summary.py" "$out/profile.txt" >"$out/profile-summary.txt" 2>&1 || true
+      keep profile-summary.txt profile-summary.txt
+      case $rc in
+      0 | 125) return 0 ;;
+      124 | 137) return 2 ;;
+      *) return 1 ;;
+      esac
     }
-    bisected=0
+    bisected=0 hung=""
     for i in "${!sets[@]}"; do
       flags=$(without "${sets[i]}" "$cut")
-      profile_set "$i" "$flags" && continue
+      # After a set of next hung, the others of next would too, at 90 s
+      # each: the sets of proven kernels get the time.
+      if [[ -n $hung && $flags == *"--gpu-kernels next"* ]]; then
+        echo "=== ResNet-18, batch 256, $flags" >>"$out/profile.txt"
+        echo "profile $flags not run: $hung hung" >>"$out/profile.txt"
+        continue
+      fi
+      rc=0
+      profile_set "$i" "$flags" || rc=$?
+      if ((rc == 2)) && [[ $flags == *"--gpu-kernels next"* ]]; then hung=$flags; fi
+      ((rc == 1)) || continue
       if [[ $flags == *"--gpu-kernels next"* && $bisected == 0 && ${GPU_BISECT:-1} == 1 ]]; then
         bisected=1
         bisect "$flags" || true
@@ -273,9 +311,10 @@ run | learn | bench | nccl | profile)
       verdict="FAILED (exit $rc)"
       status=1
     fi
-    echo "$name: $verdict; $(grep -h -E '^\[ +(PASSED|SKIPPED|FAILED) +\] [0-9]+ test' "$log" | sort -u | tr '\n' ' ')" \
-      | tee -a "$out/summary.txt"
+    echo "$name: $verdict; $(grep -h -E '^\[ +(PASSED|SKIPPED|FAILED) +\] ([0-9]+ test|[A-Za-z])' "$log" | sort -u \
+      | tr '\n' ' ')" | tee -a "$out/summary.txt"
     rm -f "$log"
+    keep summary.txt "${GPU_ALL_STAGE:-stage}-summary.txt"
   }
   learning=GpuTraining.Bf16AndFp16LearnAsFp32:GpuTraining.GradCompressionHalvesTheBytesAndLearnsAsFp32
   if [[ $mode == learn ]]; then
@@ -292,12 +331,12 @@ run | learn | bench | nccl | profile)
   # The world sizes tests/CMakeLists.txt runs each GPU MPI suite at.
   for run in GpuNccl:1 GpuNccl:2 GpuStagedMpi:2 GpuStagedMpi:4 GpuDeterministic:1 GpuDeterministic:2 \
              GpuDeterministic:4 GpuLossScale:1 GpuLossScale:2; do
-    check "mpi_${run%:*}_np${run#*:}" mpirun -np "${run#*:}" --oversubscribe "$dir/bin/mpi_test_cuda" \
+    check "mpi_${run%:*}_np${run#*:}" mpirun -np "${run#*:}" --oversubscribe --bind-to none "$dir/bin/mpi_test_cuda" \
       --gtest_filter="${run%:*}.*"
   done
   # NCCL at more ranks than GPUs: each rank its own host to NCCL.
   for run in GpuNccl:2 GpuNccl:4 GpuDeterministic:4; do
-    check "mpi_${run%:*}_np${run#*:}_nccl_on_one_gpu" mpirun -np "${run#*:}" --oversubscribe \
+    check "mpi_${run%:*}_np${run#*:}_nccl_on_one_gpu" mpirun -np "${run#*:}" --oversubscribe --bind-to none \
       "$dir/launch/nccl-host-per-rank" "$dir/bin/mpi_test_cuda" --gtest_filter="${run%:*}.*"
   done
   check GpuTraining "$dir/bin/test_cli" --gtest_filter="GpuTraining.*:-$learning"
@@ -321,11 +360,20 @@ all)
       continue
     fi
     began=$SECONDS rc=0
-    # Each step of the stage ends by the deadline (limit); the stage's own
-    # timeout is only the backstop.
+    # A stage may take its share (GPU_RUN_S, GPU_PROFILE_S: a hang in one
+    # must leave the benchmark its time) or what is left, whichever is
+    # less. Each step of the stage ends by the stage's deadline (limit);
+    # the stage's own timeout is only the backstop.
+    case $stage in
+    run) cap=${GPU_RUN_S:-240} ;;
+    profile) cap=${GPU_PROFILE_S:-150} ;;
+    *) cap=$left ;;
+    esac
+    ((cap > left)) && cap=$left
     next_cut=$(cat "$work/profile/next-cut.txt" 2>/dev/null || true)
-    GPU_CHECK_DEADLINE=$deadline GPU_BENCH_PROFILE=0 GPU_NEXT_CUT=$next_cut \
-      timeout -k 10 $((left + 30)) "$0" "$stage" "$dir" "$work/$stage" >"$work/$stage.txt" 2>&1 || rc=$?
+    GPU_CHECK_DEADLINE=$(($(date +%s) + cap)) GPU_BENCH_PROFILE=0 GPU_NEXT_CUT=$next_cut GPU_ALL_OUT=$out \
+      GPU_ALL_STAGE=$stage timeout -k 5 $((cap + 10)) "$0" "$stage" "$dir" "$work/$stage" >"$work/$stage.txt" 2>&1 \
+      || rc=$?
     ((rc == 0)) || failed=1
     reap
     echo "$stage: exit $rc after $((SECONDS - began)) s" | tee -a "$out/all.txt"
@@ -333,7 +381,13 @@ all)
     for f in profile-summary.txt bench.txt; do
       [[ -f $work/$stage/$f ]] && cp "$work/$stage/$f" "$out/$f"
     done
-    tar czf "$out/logs.tgz" --exclude='*.json' -C "$work" . || echo "logs.tgz: tar exit $?" >>"$out/all.txt"
+    # Written aside, then moved: a call stopped while it is written keeps
+    # the last stage's archive.
+    if tar czf "$out/logs.tgz.part" --exclude='*.json' -C "$work" .; then
+      mv "$out/logs.tgz.part" "$out/logs.tgz"
+    else
+      echo "logs.tgz: tar exit $?" >>"$out/all.txt"
+    fi
   done
   cat "$out"/*summary.txt "$out"/bench.txt 2>/dev/null || true
   exit "$failed"
