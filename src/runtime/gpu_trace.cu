@@ -3,6 +3,7 @@
 // (on its own thread, or at a flush), which are read into GpuActivity.
 #include "ddp/runtime/gpu_trace.hpp"
 
+#include <cuda_runtime_api.h>  // cudaGetDeviceCount: where the runtime was loaded from
 #include <cupti.h>
 #include <dlfcn.h>
 
@@ -82,11 +83,16 @@ struct GpuTracer::Cupti {
     *max_records = 0;
   }
 
+  // On CUPTI's thread, from C: nothing may be thrown out of it (a record
+  // that cannot be kept is lost, and counted as such when none is kept).
   static void CUPTIAPI completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    if (Cupti* c = active) {
-      CUpti_Activity* r = nullptr;
-      while (c->next_record(buffer, valid, &r) == CUPTI_SUCCESS) c->read(r, c->recorded);
+    try {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      if (Cupti* c = active) {
+        CUpti_Activity* r = nullptr;
+        while (c->next_record(buffer, valid, &r) == CUPTI_SUCCESS) c->read(r, c->recorded);
+      }
+    } catch (...) {
     }
     std::free(buffer);
   }
@@ -142,12 +148,22 @@ GpuTracer::~GpuTracer() = default;  // Cupti's stops recording
 std::unique_ptr<GpuTracer> GpuTracer::start(std::string* why) {
   auto c = std::make_unique<Cupti>();
   const std::string lib = "libcupti.so." + std::to_string(CUPTI_API_VERSION / 10000);
-  for (const std::string& name : {lib, std::string("libcupti.so")}) {
+  // On the library path, else beside the CUDA runtime this program loaded
+  // (Python's CUDA packages keep the two in one folder).
+  std::vector<std::string> names = {lib, "libcupti.so"};
+  Dl_info runtime{};
+  if (dladdr(reinterpret_cast<void*>(&cudaGetDeviceCount), &runtime) && runtime.dli_fname) {
+    const std::string at = runtime.dli_fname;
+    if (const size_t slash = at.rfind('/'); slash != std::string::npos) names.push_back(at.substr(0, slash + 1) + lib);
+  }
+  std::string error;
+  for (const std::string& name : names) {
     c->lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (c->lib) break;
+    if (const char* e = dlerror(); e && error.empty()) error = e;
   }
   if (!c->lib) {
-    *why = "CUPTI's library (" + lib + ") is not on the library path";
+    *why = "CUPTI's library (" + lib + ") is not on the library path nor beside the CUDA runtime (" + error + ")";
     return nullptr;
   }
   auto sym = [&](auto& fn, const char* name) { fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(c->lib, name)); };
