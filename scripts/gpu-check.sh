@@ -112,7 +112,14 @@ run | learn | bench | nccl | profile)
       ln -s "$target" "$path"
     fi
   done <"$dir/paths"
-  { nvidia-smi -L || echo "no nvidia-smi"; date -u +%F; } | tee "$out/device.txt"
+  # And where CUPTI is (--trace's GPU tracks, the profile's kernel tables).
+  {
+    nvidia-smi -L || echo "no nvidia-smi"
+    date -u +%F
+    ldconfig -p | grep -o 'libcupti.so[.0-9]* => .*' || true
+    ls "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null || echo /nonexistent)"/*/lib/libcupti.so* \
+      2>/dev/null || echo "no libcupti in Python's CUDA packages"
+  } | tee "$out/device.txt"
   # A library missing there ends the call at once, naming it.
   missing=$(for b in "$dir"/bin/*; do ldd "$b" | sed -n "s|^\s*\(\S*\) => not found|$(basename "$b"): \1|p"; done)
   if [[ -n $missing ]]; then
