@@ -119,6 +119,29 @@ __device__ __forceinline__ float bn_dy(const float* dy, const float* relu_y, int
   return relu_y ? kernel::relu_grad_at(relu_y[k], dy[k]) : dy[k];
 }
 
+// Note [batch norm sums]'s runs over NCHW: the index of a run's value j of
+// channel ch (pixel j % hw of image j / hw). In 32 bits: each launch checks
+// that a channel has under 2^31 values.
+__device__ __forceinline__ int64_t nchw_run_index(int64_t j, int ch, int c, int hw) {
+  const unsigned image = unsigned(j) / unsigned(hw);
+  return (int64_t(image) * c + ch) * hw + (j - int64_t(image) * hw);
+}
+
+// Note [channels last sums]: each thread's sum s of its channel's rows (ch,
+// a block's lanes kNhwcGroup channels), the block's warps' sums added in
+// warp order into *out where ch < c. sa: kThreads doubles of shared memory.
+__device__ __forceinline__ void nhwc_warps_sum(double* sa, double s, int ch, int c, double* out) {
+  static_assert(kThreads == kNhwcGroup * kNhwcWarps, "a block is kNhwcWarps warps");
+  const int lane = threadIdx.x % kNhwcGroup, warp = threadIdx.x / kNhwcGroup;
+  sa[threadIdx.x] = s;
+  __syncthreads();
+  if (warp == 0 && ch < c) {
+    double t = 0.0;
+    for (int w = 0; w < kNhwcWarps; ++w) t += sa[w * kNhwcGroup + lane];
+    *out = t;
+  }
+}
+
 // Block ch: out[ch] = sum(dy), out[c + ch] = sum(dy * (x - mean)).
 template <typename Values>
 __global__ void __launch_bounds__(kThreads)
@@ -159,8 +182,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t end = min(values, (run + 1) * per_split);
   double s = 0.0;
   for (int64_t j = run * per_split + threadIdx.x; j < end; j += kThreads) {
-    const unsigned image = unsigned(j) / unsigned(hw);  // 32-bit: launch_sums checks the range
-    const double v = x((int64_t(image) * c + ch) * hw + (j - int64_t(image) * hw), ch);
+    const double v = x(nchw_run_index(j, ch, c, hw), ch);
     s += mean ? (v - m) * (v - m) : v;
   }
   block_sum2(sa, sb, s, 0.0);
@@ -184,8 +206,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t end = min(values, (run + 1) * per_split);
   double s = 0.0, sx = 0.0;
   for (int64_t j = run * per_split + threadIdx.x; j < end; j += kThreads) {
-    const unsigned image = unsigned(j) / unsigned(hw);
-    const int64_t k = (int64_t(image) * c + ch) * hw + (j - int64_t(image) * hw);
+    const int64_t k = nchw_run_index(j, ch, c, hw);
     const double g = double(bn_dy(dy, relu_y, k));
     s += g;
     sx += g * (x(k, ch) - m);
@@ -206,12 +227,11 @@ template <typename Values>
 __global__ void __launch_bounds__(kThreads)
     nhwc_run_sums_kernel(int64_t rows, int64_t per_split, int c, Values x, const float* __restrict__ mean,
                          double* __restrict__ part) {
-  static_assert(kThreads == kNhwcGroup * kNhwcWarps, "a block is kNhwcWarps warps");
   __shared__ double sa[kThreads];
-  const int run = blockIdx.x, runs = gridDim.x, lane = threadIdx.x % kNhwcGroup, warp = threadIdx.x / kNhwcGroup;
+  const int run = blockIdx.x, runs = gridDim.x, warp = threadIdx.x / kNhwcGroup;
   x.p += blockIdx.z * rows * c;  // Note [shards in one launch]
   part += int64_t(blockIdx.z) * c * runs;
-  const int ch = blockIdx.y * kNhwcGroup + lane;
+  const int ch = blockIdx.y * kNhwcGroup + threadIdx.x % kNhwcGroup;
   const int64_t end = min(rows, (run + 1) * per_split);
   double s = 0.0;
   if (ch < c) {
@@ -221,13 +241,7 @@ __global__ void __launch_bounds__(kThreads)
       s += mean ? (v - m) * (v - m) : v;
     }
   }
-  sa[threadIdx.x] = s;
-  __syncthreads();
-  if (warp == 0 && ch < c) {
-    double t = 0.0;
-    for (int w = 0; w < kNhwcWarps; ++w) t += sa[w * kNhwcGroup + lane];
-    part[int64_t(ch) * runs + run] = t;
-  }
+  nhwc_warps_sum(sa, s, ch, c, part + int64_t(ch) * runs + run);
 }
 
 // The same for backward: part[ch * runs + run] = the run's sum(dy), part[(c +
@@ -238,13 +252,13 @@ __global__ void __launch_bounds__(kThreads)
                               const float* __restrict__ dy, const float* __restrict__ relu_y,
                               double* __restrict__ part) {
   __shared__ double sa[kThreads], sb[kThreads];
-  const int run = blockIdx.x, runs = gridDim.x, lane = threadIdx.x % kNhwcGroup, warp = threadIdx.x / kNhwcGroup;
+  const int run = blockIdx.x, runs = gridDim.x, warp = threadIdx.x / kNhwcGroup;
   const int64_t shard_elems = rows * c;  // Note [shards in one launch]
   x.p += blockIdx.z * shard_elems;
   dy += blockIdx.z * shard_elems;
   if (relu_y) relu_y += blockIdx.z * shard_elems;
   part += int64_t(blockIdx.z) * 2 * c * runs;
-  const int ch = blockIdx.y * kNhwcGroup + lane;
+  const int ch = blockIdx.y * kNhwcGroup + threadIdx.x % kNhwcGroup;
   const int64_t end = min(rows, (run + 1) * per_split);
   double s = 0.0, sx = 0.0;
   if (ch < c) {
@@ -256,18 +270,8 @@ __global__ void __launch_bounds__(kThreads)
       sx += g * (x(k, ch) - m);
     }
   }
-  sa[threadIdx.x] = s;
-  sb[threadIdx.x] = sx;
-  __syncthreads();
-  if (warp == 0 && ch < c) {
-    double t = 0.0, tx = 0.0;
-    for (int w = 0; w < kNhwcWarps; ++w) {
-      t += sa[w * kNhwcGroup + lane];
-      tx += sb[w * kNhwcGroup + lane];
-    }
-    part[int64_t(ch) * runs + run] = t;
-    part[int64_t(c + ch) * runs + run] = tx;
-  }
+  nhwc_warps_sum(sa, s, ch, c, part + int64_t(ch) * runs + run);
+  nhwc_warps_sum(sb, sx, ch, c, part + int64_t(c + ch) * runs + run);
 }
 
 // out[i] = the sum of row i's runs, in run order (rows: width of them).
@@ -394,8 +398,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t end = min(values, (run + 1) * per_split);
   double s = 0.0;
   for (int64_t j = run * per_split + threadIdx.x; j < end; j += kThreads) {
-    const unsigned image = unsigned(j) / unsigned(hw);  // 32-bit: backward_runs checks the range
-    const int64_t k = (int64_t(image) * c + ch) * hw + (j - int64_t(image) * hw);
+    const int64_t k = nchw_run_index(j, ch, c, hw);
     s += double(dx.put(k, bn_dx_at(k, ch, c, x, dy, relu_y, chan, dz)));
   }
   block_sum2(sa, sb, s, 0.0);
@@ -409,8 +412,8 @@ __global__ void __launch_bounds__(kThreads)
                               const float* __restrict__ relu_y, const float* __restrict__ chan, Out dx, float* dz,
                               double* __restrict__ part) {
   __shared__ double sa[kThreads];
-  const int run = blockIdx.x, runs = gridDim.x, lane = threadIdx.x % kNhwcGroup, warp = threadIdx.x / kNhwcGroup;
-  const int ch = blockIdx.y * kNhwcGroup + lane;
+  const int run = blockIdx.x, runs = gridDim.x, warp = threadIdx.x / kNhwcGroup;
+  const int ch = blockIdx.y * kNhwcGroup + threadIdx.x % kNhwcGroup;
   const int64_t end = min(rows, (run + 1) * per_split);
   double s = 0.0;
   if (ch < c) {
@@ -419,13 +422,7 @@ __global__ void __launch_bounds__(kThreads)
       s += double(dx.put(k, bn_dx_at(k, ch, c, x, dy, relu_y, chan, dz)));
     }
   }
-  sa[threadIdx.x] = s;
-  __syncthreads();
-  if (warp == 0 && ch < c) {
-    double t = 0.0;
-    for (int w = 0; w < kNhwcWarps; ++w) t += sa[w * kNhwcGroup + lane];
-    part[int64_t(ch) * runs + run] = t;
-  }
+  nhwc_warps_sum(sa, s, ch, c, part + int64_t(ch) * runs + run);
 }
 
 // channel_sums_cuda and channel_sums_nhwc_cuda of any values.
