@@ -453,19 +453,20 @@ class MpiCommunicator final : public Communicator {
     const float pre = w.op() == ReduceOp::Avg ? 1.0f / float(size_) : 1.0f;
     float* const data = w.data();
     stage16_.resize(w.count());
-    for (size_t i = 0; i < w.count(); ++i)
-      stage16_[i] = bf16 ? float_to_bf16(data[i] * pre) : float_to_fp16(data[i] * pre);
+    for (size_t i = 0; i < w.count(); ++i) stage16_[i] = to_wire(data[i] * pre, bf16);
     const std::string error = sum_in_place(w, stage16_.data(), sizeof(uint16_t), MPI_UINT16_T,
                                            bf16 ? sum_bf16_ : sum_fp16_);
     if (!error.empty()) return error;
-    for (size_t i = 0; i < w.count(); ++i) data[i] = bf16 ? bf16_to_float(stage16_[i]) : fp16_to_float(stage16_[i]);
+    for (size_t i = 0; i < w.count(); ++i) data[i] = from_wire(stage16_[i], bf16);
     return "";
   }
 
+  // A value in the wire's 16-bit format, and back.
+  static uint16_t to_wire(float v, bool bf16) { return bf16 ? float_to_bf16(v) : float_to_fp16(v); }
+  static float from_wire(uint16_t h, bool bf16) { return bf16 ? bf16_to_float(h) : fp16_to_float(h); }
   // One rank's 16-bit all-reduce: each value rounded to the wire's format.
   static void round_to_wire(float* data, size_t count, bool bf16) {
-    for (size_t i = 0; i < count; ++i)
-      data[i] = bf16 ? bf16_to_float(float_to_bf16(data[i])) : fp16_to_float(float_to_fp16(data[i]));
+    for (size_t i = 0; i < count; ++i) data[i] = from_wire(to_wire(data[i], bf16), bf16);
   }
 
   static void add_fp16(void* in, void* inout, int* len, MPI_Datatype*) {

@@ -41,8 +41,6 @@ namespace ddp::nn {
 
 namespace {
 
-constexpr size_t kMaxWorkspace = kConvWorkspaceCap;
-
 // Part k's db[k * stride + ch] += sums[k * c + ch], rounded to float once,
 // then to p (a 16-bit bias gradient: channel_grad_from_half_cuda's
 // rounding).
@@ -73,7 +71,7 @@ cudnnMathType_t default_math(Precision p) {
 template <typename Perf>
 bool usable(const Perf& p, Precision prec) {
   const bool tensor_ops = p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
-  return p.status == CUDNN_STATUS_SUCCESS && p.memory <= kMaxWorkspace && (prec != Precision::F32 || !tensor_ops);
+  return p.status == CUDNN_STATUS_SUCCESS && p.memory <= kConvWorkspaceCap && (prec != Precision::F32 || !tensor_ops);
 }
 
 template <typename Perf>
@@ -86,7 +84,7 @@ const Perf& pick(cuda::Context& ctx, const std::string& layer, const std::vector
   }
   const ConvAlgoChoice choice = choose_conv_algo(ranked);
   if (choice.index < 0)
-    DDP_FAIL("cuDNN offers no ", to_string(prec), " ", what, " algorithm within ", kMaxWorkspace >> 20,
+    DDP_FAIL("cuDNN offers no ", to_string(prec), " ", what, " algorithm within ", kConvWorkspaceCap >> 20,
              " MiB of workspace for this geometry (", count, " candidates)");
   const Perf& p = perf[size_t(choice.index)];
   if (!choice.deterministic && ctx.deterministic())
@@ -309,7 +307,7 @@ void CudnnConv::time_algorithms(cuda::Context& ctx, Plan& p, int batch) {
     cudnnHandle_t dnn = ctx.dnn();
     // Scratch given back however the timing ends.
     const auto scratch = [&](size_t bytes) { return cuda::DeviceBuffer(ctx, cuda::DeviceBuffer::floats_for(bytes)); };
-    const cuda::DeviceBuffer xb = scratch(nx), yb = scratch(ny), wb = scratch(nw), wsb = scratch(kMaxWorkspace);
+    const cuda::DeviceBuffer xb = scratch(nx), yb = scratch(ny), wb = scratch(nw), wsb = scratch(kConvWorkspaceCap);
     void *x = xb.data(), *y = yb.data(), *w = wb.data(), *ws = wsb.data();
     const bool deterministic = ctx.deterministic();
     auto choose = [&](const auto& perf, int count, const char* what) {
@@ -320,7 +318,7 @@ void CudnnConv::time_algorithms(cuda::Context& ctx, Plan& p, int batch) {
       if (c.index < 0)
         DDP_FAIL(deterministic ? "--deterministic: " : "", "cuDNN ran no usable ",
                  deterministic ? "deterministic " : "", to_string(precision_), " ", what, " algorithm within ",
-                 kMaxWorkspace >> 20, " MiB of workspace for this geometry (", count, " candidates timed)");
+                 kConvWorkspaceCap >> 20, " MiB of workspace for this geometry (", count, " candidates timed)");
       if (!c.deterministic)
         ctx.warn_once("cudnn-timed-nondeterministic",
                       detail::concat("op ", layer_, ": the fastest ", what, " algorithm (", int(perf[c.index].algo),
@@ -334,20 +332,20 @@ void CudnnConv::time_algorithms(cuda::Context& ctx, Plan& p, int batch) {
     DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
     DDP_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(dnn, p.x, x, w_desc_, w, conv_desc_, p.y, y,
                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, fwd, ws,
-                                                           kMaxWorkspace));
+                                                           kConvWorkspaceCap));
     const size_t f = choose(fwd, count, "forward");
     // Backward data writes x's scratch, backward filter w's: nothing kept.
     cudnnConvolutionBwdDataAlgoPerf_t bwd_data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
     DDP_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(dnn, w_desc_, w, p.y, y, conv_desc_, p.x, x,
                                                                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count,
-                                                                bwd_data, ws, kMaxWorkspace));
+                                                                bwd_data, ws, kConvWorkspaceCap));
     const size_t d = choose(bwd_data, count, "backward-data");
     cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     DDP_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, default_math(precision_)));
     DDP_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(dnn, p.x, x, p.y, y, conv_desc_, w_desc_, w,
                                                                   CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
-                                                                  bwd_filter, ws, kMaxWorkspace));
+                                                                  bwd_filter, ws, kConvWorkspaceCap));
     const size_t wf = choose(bwd_filter, count, "backward-filter");
     timed = {int(fwd[f].algo),         int(run_math(fwd[f].mathType)),
              int(bwd_data[d].algo),    int(run_math(bwd_data[d].mathType)),
@@ -378,7 +376,7 @@ void CudnnConv::graph_plans(cuda::Context& ctx, Plan& p, int batch) {
     std::unique_ptr<GraphConv> g;
     for (const float beta : betas) {
       spec.beta = beta;
-      g = GraphConv::make(ctx, d, spec, kMaxWorkspace, &why);
+      g = GraphConv::make(ctx, d, spec, kConvWorkspaceCap, &why);
       if (g) return g;
     }
     ctx.warn_once(detail::concat("graph-fallback ", spec.key, " ", to_string(d)),

@@ -363,6 +363,13 @@ struct Operands {
   cudnnStatus_t run(cuda::Context& ctx, const Desc& plan) const {
     return execute(ctx, plan, x.data(), w.data(), y.data(), ws.data());
   }
+  // The operand direction d writes (backward data x's place, backward
+  // filter w's), and its bytes.
+  std::pair<cuda::DeviceBuffer*, size_t> output(const ConvGraphSpec& s, ConvDirection d) {
+    if (d == ConvDirection::kForward) return {&y, bytes(s, s.shapes.y)};
+    if (d == ConvDirection::kBackwardData) return {&x, bytes(s, s.shapes.x)};
+    return {&w, bytes(s, s.shapes.w)};
+  }
   cuda::DeviceBuffer x, w, y, ws;
 };
 
@@ -400,18 +407,17 @@ std::string trial_run(cuda::Context& ctx, ConvDirection d, const ConvGraphSpec& 
   Operands o(ctx, s, e.workspace);
   const bool add = s.beta != 0.0f;
   if (add && is_half(s.precision)) return "adding into a 16-bit output (beta 1) is not checked";
-  const bool fwd = d == ConvDirection::kForward, data = d == ConvDirection::kBackwardData;
-  cuda::DeviceBuffer& out = fwd ? o.y : data ? o.x : o.w;
-  const size_t n = Operands::bytes(s, fwd ? s.shapes.y : data ? s.shapes.x : s.shapes.w) / sizeof(float);
+  const auto [out, bytes] = o.output(s, d);
+  const size_t n = bytes / sizeof(float);
   const std::vector<float> ones(add ? n : 0, 1.0f);
   if (add)
-    DDP_CUDA_CHECK(cudaMemcpyAsync(out.data(), ones.data(), n * sizeof(float), cudaMemcpyHostToDevice, ctx.compute()));
+    DDP_CUDA_CHECK(cudaMemcpyAsync(out->data(), ones.data(), bytes, cudaMemcpyHostToDevice, ctx.compute()));
   const cudnnStatus_t st = o.run(ctx, e.plan);
   if (st != CUDNN_STATUS_SUCCESS)
     return detail::concat("its engine failed a trial run (", cudnnGetErrorString(st), ")");
   std::vector<float> back(ones.size());
   if (add)
-    DDP_CUDA_CHECK(cudaMemcpyAsync(back.data(), out.data(), n * sizeof(float), cudaMemcpyDeviceToHost, ctx.compute()));
+    DDP_CUDA_CHECK(cudaMemcpyAsync(back.data(), out->data(), bytes, cudaMemcpyDeviceToHost, ctx.compute()));
   DDP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute()));  // a fault of the run's own shows here
   if (back != ones) return "its engine does not add into its output (beta 1): it overwrote it";
   return "";
