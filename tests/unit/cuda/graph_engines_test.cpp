@@ -8,8 +8,8 @@
 // and fp16 each 3x3 convolution (nearly all of the network's arithmetic)
 // one on tensor cores: the engines the legacy API did not reach (Note
 // [graph engines]); where cuDNN ranks a tensor-core engine for the 1x1
-// projections is its call. LeNet's convolutions, whose channels (1 and 6)
-// keep tensor cores out, get ranked deterministic engines too. This runs
+// projections is its call. LeNet's convolutions, whose input channels (1
+// and 20) are not multiples of 8, get ranked deterministic engines too. This runs
 // without a GPU; timing and the trial run need one.
 #include <gtest/gtest.h>
 

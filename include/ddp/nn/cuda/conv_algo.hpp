@@ -131,9 +131,9 @@ inline std::string conv_plan_key(Shape in, int out_c, int k, int stride, int pad
 // (made to work, not to be fast) is said once. The weight gradient in fp32
 // NCHW is added in place (beta 1) where an engine takes that and a trial
 // run shows it adds (cuDNN's frontend never asks for it), else written with
-// beta 0 (as the frontend always does) and added. A direction no engine may run falls back, said once (with the
-// engines' refusals counted by reason: engine_refusals), to the legacy
-// algorithm; so does one whose engine, chosen untimed, fails a trial run on
+// beta 0 (as the frontend always does) and added. A direction no engine
+// may run falls back, said once (with the engines' refusals counted by
+// reason: engine_refusals), to the legacy algorithm; so does one whose engine, chosen untimed, fails a trial run on
 // zeros when the layer's plan is made.
 struct EngineNotes {
   bool tensor_core = false;          // CUDNN_NUMERICAL_NOTE_TENSOR_CORE
