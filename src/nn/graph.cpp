@@ -226,21 +226,25 @@ Graph GraphBuilder::finish(int output) {
   const size_t n_ops = g.ops.size();
   g.op_params.assign(n_ops, {});
   g.ready_after.assign(n_ops, 0);
-  size_t offset = 0;
+  // end: where the last tensor ends; the next starts at its slot's end.
+  size_t end = 0;
   for (size_t i = n_ops; i-- > 0;) {
     for (const TensorSpec& t : g.ops[i].params) {
-      TensorInfo p{full_name(g.ops[i], t), t.shape, offset, size_t(t.numel()), t.init, t.bound};
-      offset += p.numel;
+      TensorInfo p{full_name(g.ops[i], t), t.shape, param_slot(end), size_t(t.numel()), t.init, t.bound};
+      end = p.offset + p.numel;
+      g.parameter_count += p.numel;
       g.op_params[i].push_back(g.params.size());
       g.params.push_back(std::move(p));
     }
-    g.ready_after[i] = offset;
+    g.ready_after[i] = end;
   }
-  g.num_params = offset;
+  // The last tensor's slot ends with it; a gap is final with the tensor before it.
+  g.num_params = end;
+  for (size_t& r : g.ready_after) r = std::min(param_slot(r), end);
   // Note [buffers]: forward order; nothing waits on them.
   g.op_buffers.assign(n_ops, {});
   g.op_counter.assign(n_ops, -1);
-  offset = 0;
+  size_t offset = 0;
   for (size_t i = 0; i < n_ops; ++i) {
     for (const TensorSpec& t : g.ops[i].buffers) {
       TensorInfo b{full_name(g.ops[i], t), t.shape, offset, size_t(t.numel()), t.init, t.bound};
@@ -255,6 +259,13 @@ Graph GraphBuilder::finish(int output) {
   }
   g.num_buffers = offset;
   return g;
+}
+
+std::vector<size_t> param_slots(const Graph& g) {
+  std::vector<size_t> slots;
+  for (size_t i = 0; i < g.params.size(); ++i)
+    slots.push_back((i + 1 < g.params.size() ? g.params[i + 1].offset : g.num_params) - g.params[i].offset);
+  return slots;
 }
 
 bool has_batch_norm(const Graph& g) {

@@ -143,9 +143,10 @@ void Model::zero_grads() { device_.fill(grads(), graph_.num_params, 0.0f); }
 std::pair<size_t, size_t> Model::param_span(size_t i) const {
   const std::vector<size_t>& ps = graph_.op_params[i];
   if (ps.empty()) return {0, 0};
-  // An op's tensors are adjacent in flat order (Note [flat layout]).
+  // An op's tensors' slots are adjacent in flat order (Note [flat layout]):
+  // the span runs to the end of the last one's, as the exact sums take it.
   const TensorInfo &first = graph_.params[ps.front()], &last = graph_.params[ps.back()];
-  return {first.offset, last.offset + last.numel - first.offset};
+  return {first.offset, std::min(param_slot(last.offset + last.numel), graph_.num_params) - first.offset};
 }
 
 bool Model::any_half_op() const {

@@ -45,13 +45,18 @@ Optimizer::Optimizer(const Options& o, const std::vector<nn::TensorInfo>& params
   DDP_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "AdamW: betas ", o.beta1, ", ", o.beta2,
             " must be in [0, 1)");
   DDP_CHECK(o.eps > 0, "AdamW: eps must be positive, got ", o.eps);
-  for (const auto& p : params) {
+  // Each tensor with the zeros up to the next (Note [flat layout]: its
+  // slot), so that adjacent tensors of one kind are one run.
+  for (size_t i = 0; i < params.size(); ++i) {
+    const nn::TensorInfo& p = params[i];
     const bool decay = !(o.no_decay_norm_bias && p.shape.size() <= 1);
+    const size_t slot_end = nn::param_slot(p.offset + p.numel);
+    const size_t end = i + 1 < params.size() && params[i + 1].offset == slot_end ? slot_end : p.offset + p.numel;
     if (!runs_.empty() && runs_.back().decay == decay && runs_.back().end == p.offset)
-      runs_.back().end = p.offset + p.numel;
+      runs_.back().end = end;
     else
-      runs_.push_back({p.offset, p.offset + p.numel, decay});
-    n_ = std::max(n_, p.offset + p.numel);
+      runs_.push_back({p.offset, end, decay});
+    n_ = std::max(n_, end);
   }
   for (size_t i = 0; i < names_.size(); ++i) buffers_.push_back(dev.alloc(n_));
 }

@@ -33,13 +33,11 @@ Replica::Replica(const Config& cfg, const optim::Options& opt, std::unique_ptr<B
     scaler_ = std::make_unique<optim::GradScaler>(so);
   }
   const nn::Graph& g = model_->graph();
-  std::vector<size_t> numels;
-  for (const auto& p : g.params) numels.push_back(p.numel);
   const comm::Wire wire = cfg.grad_compression == "fp16"   ? comm::Wire::F16
                           : cfg.grad_compression == "bf16" ? comm::Wire::BF16
                                                            : comm::Wire::F32;
-  reducer_ = std::make_unique<Reducer>(backend_->comm(), model_->grads(), numels, cfg.bucket_cap_mb, cfg.overlap,
-                                       wire);
+  reducer_ = std::make_unique<Reducer>(backend_->comm(), model_->grads(), nn::param_slots(g), cfg.bucket_cap_mb,
+                                       cfg.overlap, wire);
   std::vector<std::string> names;
   for (const auto& p : g.params) names.push_back(p.name);
   reducer_->set_param_names(std::move(names));

@@ -75,7 +75,7 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
                 "ddp_train: %d rank%s, backend %s, device %s, model %s (%zu parameters, %zu bucket%s), "
                 "global batch %d (%d per rank), %lld steps per epoch\n",
                 world.size, world.size == 1 ? "" : "s", comm.backend(), ranks[0].device, cfg.model.c_str(),
-                graph.num_params, reducer.buckets().size(), reducer.buckets().size() == 1 ? "" : "s",
+                graph.parameter_count, reducer.buckets().size(), reducer.buckets().size() == 1 ? "" : "s",
                 cfg.batch_size, cfg.batch_size / world.size, static_cast<long long>(steps));
   out << line;
   out << "ddp_train: optimizer " << optim::describe(replica.optimizer().options()) << "; lr " << schedule.describe();

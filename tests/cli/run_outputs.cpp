@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "ddp/checkpoint/checkpoint.hpp"  // list_checkpoints, decode_checkpoint
+#include "ddp/nn/graph.hpp"               // model_graph
 #include "run_process.hpp"                // run_ddp_train, make_temp_dir, read_text, lines_of
 
 #if DDP_HAVE_CUDA
@@ -133,6 +134,10 @@ double models_differ(int np_a, const std::string& args_a, int np_b, const std::s
                                                        checkpoint::read_safetensors(dir + "/b.safetensors"));
   remove_tree(dir);
   return d;
+}
+
+double allreduced_floats(const std::string& model) {
+  return double(nn::model_graph(model, {1, 28, 28}, 10).num_params);
 }
 
 }  // namespace ddp::test

@@ -66,4 +66,8 @@ double last_epochs_accuracy(int np, const std::string& args, int epochs, int las
 // 1.0 when one fails).
 double models_differ(int np_a, const std::string& args_a, int np_b, const std::string& args_b);
 
+// The floats a step of `model` on 1x28x28 images all-reduces: its
+// parameters and the zeros between their slots (Note [flat layout]).
+double allreduced_floats(const std::string& model);
+
 }  // namespace ddp::test

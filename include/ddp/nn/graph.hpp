@@ -18,6 +18,18 @@
 // complete as soon as the ready prefix covers it. This holds for any static
 // graph whose parameters are laid out in reverse topological order.
 //
+// Each tensor starts on a multiple of kParamAlignment floats (256 bytes),
+// where cudaMalloc would start it, as each of PyTorch's tensors does:
+// cuDNN's graph engines take only 16-byte aligned operands (Note [graph
+// engines]), and vector loads want it. Packed densely, ResNet-18's fc.bias
+// (10 floats) would leave every convolution weight after it 8 bytes off.
+// A tensor's SLOT runs from its start to the next one's (the last: to its
+// end), so the gaps are zeros at the ends of slots, and stay zeros (nothing
+// writes them; zero gradients all-reduce, decay and step to zero): the
+// buckets, the optimizer and the exact sums partition the buffer by slots
+// (param_slots) with nothing to skip, and a gap is final, for ready_after,
+// with the tensor before it.
+//
 // Note [buffers]: state that is not trained (BatchNorm's running mean and
 // variance) lives in a third flat region of floats, and its int64 counters
 // (num_batches_tracked) in a small host array. Buffers have no gradients,
@@ -81,6 +93,9 @@ struct Op {
   bool counter = false;               // has an int64 num_batches_tracked
 };
 
+// Note [flat layout]: each parameter starts on this many floats (256 bytes).
+constexpr size_t kParamAlignment = 64;
+
 // A tensor's place in its flat region.
 struct TensorInfo {
   std::string name;  // full: "resnet_block1.0.bn1.running_var"
@@ -106,7 +121,8 @@ struct Graph {
   std::vector<TensorInfo> params;                // in flat order
   std::vector<std::vector<size_t>> op_params;    // per op: indices into params, spec order
   std::vector<size_t> ready_after;               // per op: gradient prefix final after its backward
-  size_t num_params = 0;
+  size_t num_params = 0;                         // the flat buffers' length: the slots, gaps and all
+  size_t parameter_count = 0;                    // the tensors' elements alone (PyTorch's count)
   // Note [buffers]
   std::vector<TensorInfo> buffers;               // in flat order (forward order)
   std::vector<std::vector<size_t>> op_buffers;   // per op: indices into buffers
@@ -116,6 +132,13 @@ struct Graph {
 
   Shape output_shape() const { return values[size_t(output)]; }
 };
+
+// n rounded up to a tensor's start (Note [flat layout]), in elements.
+inline size_t param_slot(size_t n) { return (n + kParamAlignment - 1) / kParamAlignment * kParamAlignment; }
+
+// Per parameter, in flat order, its slot's elements: they partition
+// 0 .. num_params.
+std::vector<size_t> param_slots(const Graph& g);
 
 // Whether some op of g is a BatchNorm2d.
 bool has_batch_norm(const Graph& g);

@@ -118,7 +118,7 @@ class Model {
   // in precision_ (not fp32) on fp32 kernels (not on kernels of its own:
   // Kernel::set_precision), and its parameters' span in flat order.
   bool half_op(size_t i) const { return is_half(precision_) && half_op_[i] && !native_[i]; }
-  std::pair<size_t, size_t> param_span(size_t i) const;  // offset, count
+  std::pair<size_t, size_t> param_span(size_t i) const;  // offset, count: its parameters' slots
   Kernel& kernel(size_t i) { return *kernels_[i]; }
   const OpArgs& args(size_t i) const { return args_[i]; }
   // The batch of the last training forward; -1: none.

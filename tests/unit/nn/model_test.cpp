@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -69,15 +70,17 @@ float loss_of(Model& m, const Batch& b, Mode mode = Mode::Train) {
 
 TEST(Model, LenetShapeAndParameterCount) {
   const Graph g = model_graph("lenet", {1, 28, 28}, 10);
-  EXPECT_EQ(g.num_params, kLenetParams);
+  EXPECT_EQ(g.parameter_count, kLenetParams);
   EXPECT_EQ(g.output_shape(), (Shape{10, 1, 1}));
   EXPECT_EQ(g.input, (Shape{1, 28, 28}));
   EXPECT_EQ(g.model, "lenet");
   EXPECT_EQ(g.num_buffers, 0u);
-  EXPECT_EQ(model_graph("mlp", {1, 28, 28}, 10).num_params, size_t(784 * 256 + 256 + 256 * 10 + 10));
+  EXPECT_EQ(model_graph("mlp", {1, 28, 28}, 10).parameter_count, size_t(784 * 256 + 256 + 256 * 10 + 10));
 }
 
-// Note [flat layout]: last op first, weight before bias, no gaps.
+// Note [flat layout]: last op first, weight before bias, each starting on
+// 256 bytes (fc2.bias's 10 floats leave no tensor after them off a 16-byte
+// boundary), the slots partitioning the buffer.
 TEST(Model, FlatLayoutIsBackwardOrder) {
   const Graph g = model_graph("lenet", {1, 28, 28}, 10);
   const auto& info = g.params;
@@ -92,9 +95,17 @@ TEST(Model, FlatLayoutIsBackwardOrder) {
     const size_t n = size_t(std::accumulate(info[i].shape.begin(), info[i].shape.end(), int64_t(1),
                                             std::multiplies<int64_t>()));
     EXPECT_EQ(info[i].numel, n) << info[i].name;
+    EXPECT_EQ(info[i].offset * sizeof(float) % 256, 0u) << info[i].name;
     offset += n;
+    if (i + 1 < info.size()) offset = (offset + 63) / 64 * 64;
   }
   EXPECT_EQ(offset, g.num_params);
+  EXPECT_GT(info[2].offset, info[1].offset + info[1].numel) << "fc2.bias's 10 floats and a gap";
+  std::vector<size_t> slots;
+  for (size_t i = 0; i + 1 < info.size(); ++i) slots.push_back(info[i + 1].offset - info[i].offset);
+  slots.push_back(g.num_params - info.back().offset);
+  EXPECT_EQ(param_slots(g), slots);
+  EXPECT_EQ(g.parameter_count, kLenetParams);
   EXPECT_EQ(info[0].shape, (std::vector<int64_t>{10, 128}));
   EXPECT_EQ(info[6].shape, (std::vector<int64_t>{20, 1, 3, 3}));
 }
@@ -121,6 +132,11 @@ TEST(Model, OnReadyPrefixesGrowAndAreFinal) {
     for (size_t i = 0; i < prefixes.size(); ++i)
       for (size_t j = 0; j < prefixes[i]; ++j)
         ASSERT_EQ(snapshots[i][j], m->grads()[j]) << "prefix " << prefixes[i] << " changed at " << j;
+    // Each on a slot's end (Note [flat layout]), where a bucket may end, so
+    // that a bucket is ready with its last tensor, not with the next op's.
+    std::set<size_t> ends = {m->num_params()};
+    for (const TensorInfo& t : m->graph().params) ends.insert(t.offset);
+    for (size_t n : prefixes) EXPECT_EQ(ends.count(n), 1u) << n;
   }
 }
 
@@ -279,7 +295,8 @@ TEST(Model, Resnet18InitIsPytorchsDefault) {
 // d2l's resnet18 under the state-dict names of its PyTorch definition.
 TEST(Model, Resnet18HasThePytorchModelsTensors) {
   const Graph g = model_graph("resnet18", {1, 28, 28}, 10);
-  EXPECT_EQ(g.num_params, size_t(11175818));
+  EXPECT_EQ(g.parameter_count, size_t(11175818));
+  for (const TensorInfo& t : g.params) EXPECT_EQ(t.offset % kParamAlignment, 0u) << t.name;
   EXPECT_EQ(g.output_shape(), (Shape{10, 1, 1}));
   auto has = [](const std::vector<TensorInfo>& ts, const std::string& name, std::vector<int64_t> shape) {
     for (const auto& t : ts)
