@@ -120,14 +120,18 @@ class Tracker {
   Clock::time_point last_event_;
 };
 
-// An all-reduce in flight, completing its sequence number when waited for.
+// An all-reduce in flight, completing its sequence number when waited for
+// if it is then done. A device all-reduce's wait only orders the compute
+// stream after it (Note [device all-reduce order]): it stays pending until
+// the tracker sees it done, so that a rank whose GPU waits on a stopped
+// peer reports the collective it waits for.
 class WatchedWork final : public Work {
  public:
   WatchedWork(std::shared_ptr<Work> inner, std::shared_ptr<Tracker> tracker, uint64_t seq)
       : inner_(std::move(inner)), tracker_(std::move(tracker)), seq_(seq) {}
   void wait() override {
     inner_->wait();
-    tracker_->complete(seq_);
+    if (inner_->done()) tracker_->complete(seq_);
   }
   bool done() override { return inner_->done(); }
   std::chrono::steady_clock::time_point finished_at() const override { return inner_->finished_at(); }

@@ -18,6 +18,7 @@ class WatchedDevice final : public Watched<DeviceCommunicator> {
     Tracker::Nested inside;
     inner_->synchronize(stream, what);
   }
+  std::chrono::milliseconds wait_limit() const override { return timeout() + grace_; }
   void abort_now() override { inner_->abort_now(); }
   void check_errors(const std::string& what) override { inner_->check_errors(what); }
   void capturing(bool on) override {

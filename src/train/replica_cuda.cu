@@ -389,17 +389,20 @@ class CudaBackend final : public Backend, public ExactBackend {
   }
   // A bounded host wait on one event: the copy stream's, which has no
   // collectives for the communicator to watch, or the compute stream's
-  // flag_copied_, whose collectives the watchdog watches; the timeout
-  // bounds both.
+  // flag_copied_, whose collectives the watchdog watches; the timeout and
+  // the watchdog's grace bound both (wait_limit), so that the watchdog names
+  // a stopped peer first.
   void wait_event(cudaEvent_t ev, const char* what) {
-    const auto deadline = std::chrono::steady_clock::now() + comm_->timeout();
+    const auto limit = comm_->wait_limit();
+    const auto deadline = std::chrono::steady_clock::now() + limit;
     for (int spins = 0;; ++spins) {
       const cudaError_t e = cudaEventQuery(ev);
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) DDP_CUDA_CHECK(e);
       comm_->check_errors(what);  // a replayed step's collectives have no other watcher on this thread
       DDP_CHECK(std::chrono::steady_clock::now() < deadline, what, ": the GPU did not finish within ",
-                comm::format_duration(comm_->timeout()), " (--timeout)");
+                comm::format_duration(limit), " (--timeout",
+                limit > comm_->timeout() ? " and the watchdog's grace" : "", ")");
       if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }

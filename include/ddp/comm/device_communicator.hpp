@@ -28,6 +28,11 @@ class DeviceCommunicator : public Communicator {
   // errors; on an error or the timeout it aborts them (ncclCommAbort) and
   // throws ddp::Error naming `what`, the backend and the timeout.
   virtual void synchronize(cudaStream_t stream, const std::string& what) = 0;
+  // How long a host wait on this device may last before it fails: the
+  // timeout, and under the watchdog its grace too, so that a peer that
+  // stopped is named by the watchdog's report rather than by a wait that
+  // ran out at the same moment.
+  virtual std::chrono::milliseconds wait_limit() const { return timeout(); }
   // Called from another thread (the watchdog's) just before this process
   // ends the job: stops the collectives in flight so that no kernel keeps
   // the GPU waiting (ncclCommAbort on NCCL; nothing for MPI, whose

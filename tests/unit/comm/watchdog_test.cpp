@@ -233,5 +233,37 @@ TEST(Watched, NumbersEachCollectiveAndLeavesTheBackstopToTheInnerOne) {
   EXPECT_EQ(tracker->snapshot().pending_seq, 0u);
 }
 
+// A device all-reduce's wait() returns at once, the collective still in
+// flight on the GPU (Note [device all-reduce order]): it stays the pending
+// collective until it is done, so that ranks whose GPUs wait on a stopped
+// peer name the collective they wait for (On/Reliability.*/nccl_on_one_gpu).
+TEST(Watched, ADeviceAllReduceWaitedForStaysPendingUntilDone) {
+  struct OrderingWork : FlagWork {
+    void wait() override {}  // the compute stream waits; the host does not
+  };
+  struct Device : Recorder {
+    std::shared_ptr<Work> allreduce_async(float*, size_t, ReduceOp, std::string what) override {
+      calls.push_back(what);
+      auto w = std::make_shared<OrderingWork>();
+      works.push_back(w);
+      return w;
+    }
+  };
+  auto tracker = std::make_shared<Tracker>();
+  auto dev = std::make_unique<Device>();
+  Device& inner = *dev;
+  Watched<Communicator> w(std::move(dev), tracker, std::chrono::seconds(10));
+  float x[4] = {};
+  w.allreduce_async(x, 4, ReduceOp::Avg, "all-reduce of bucket 0 of 1 (parameters 0..1: w .. b)")->wait();
+  int v = 0;
+  w.broadcast(&v, sizeof v, 0, "the parameters");
+  TrackerSnapshot s = tracker->snapshot();
+  EXPECT_EQ(s.entered_seq, 2u);
+  EXPECT_EQ(s.pending_seq, 1u);
+  EXPECT_EQ(s.pending, "all-reduce of bucket 0 of 1 (parameters 0..1: w .. b), 16 B");
+  inner.works[0]->finished = true;
+  EXPECT_EQ(tracker->snapshot().pending_seq, 0u);
+}
+
 }  // namespace
 }  // namespace ddp::comm
