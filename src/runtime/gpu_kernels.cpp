@@ -12,7 +12,7 @@ const std::vector<NextKernel>& next_kernels() {
       NextKernel::BnSplitSums,    NextKernel::GraphConv,      NextKernel::ConvBiasSums,  NextKernel::BnAct,
       NextKernel::ConvBn,         NextKernel::BiasInBn,       NextKernel::SyncBnOnDevice, NextKernel::OneRank,
       NextKernel::LossScaleOnDevice, NextKernel::ShardSums,   NextKernel::ShardsTogether, NextKernel::CheckedRuns,
-      NextKernel::ShardStreams,   NextKernel::StepGraphs};
+      NextKernel::ShardStreams,   NextKernel::StepGraphs,     NextKernel::WarpRunSums};
   return all;
 }
 
@@ -32,6 +32,7 @@ const char* name_of(NextKernel k) {
     case NextKernel::CheckedRuns: return "checked-runs";
     case NextKernel::ShardStreams: return "shard-streams";
     case NextKernel::StepGraphs: return "step-graphs";
+    case NextKernel::WarpRunSums: return "warp-run-sums";
   }
   return "?";
 }

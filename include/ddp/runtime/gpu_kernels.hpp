@@ -35,6 +35,7 @@ enum class NextKernel {
   CheckedRuns,        // --deterministic: micro-shards in one checked call (Note [checked runs])
   ShardStreams,       // --deterministic: micro-shards' weight gradients on side streams (Note [shard streams])
   StepGraphs,         // the steady step captured once as a CUDA graph and replayed (Note [step graphs])
+  WarpRunSums,        // the split sums' second pass a warp a channel (Note [batch norm sums])
 };
 
 // Every piece, in the order above, and each one's name on the command line.

@@ -283,6 +283,33 @@ __global__ void bn_runs_kernel(int width, int runs, const double* __restrict__ p
   }
 }
 
+// The same a warp a row (warp-run-sums, Note [batch norm sums]): lane l
+// adds runs l, l + 32, ... in order, reading a row's runs 32 at a time, and
+// the lanes' sums are added in a fixed tree. Every lane of a warp takes the
+// same rows, so the shuffles see all 32.
+__global__ void bn_runs_warp_kernel(int width, int runs, const double* __restrict__ part, double* __restrict__ out) {
+  const int lane = int(threadIdx.x % 32);
+  const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < width; i += warps) {
+    double s = 0.0;
+    for (int r = lane; r < runs; r += 32) s += part[i * runs + r];
+    for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
+    if (lane == 0) out[i] = s;
+  }
+}
+
+// The split sums' second pass: out[i] for each of width rows from its runs'
+// sums in parts.
+void add_runs(const cuda::Context& ctx, int64_t width, int runs, const double* parts, double* out, cudaStream_t s) {
+  if (ctx.next(NextKernel::WarpRunSums)) {
+    bn_runs_warp_kernel<<<cuda_grid(width * 32), kCudaThreads, 0, s>>>(int(width), runs, parts, out);
+    DDP_CUDA_CHECK_LAUNCH(bn_runs_warp_kernel);
+  } else {
+    bn_runs_kernel<<<cuda_grid(width), kCudaThreads, 0, s>>>(int(width), runs, parts, out);
+    DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
+  }
+}
+
 // The per-channel constants, one thread a channel. chan: mean, invstd,
 // scale, shift, k, mean_dy, proj (c floats each).
 __global__ void bn_mean_kernel(int c, const double* __restrict__ sums, double count, float* __restrict__ chan) {
@@ -437,8 +464,7 @@ void nchw_sums(cuda::Context& ctx, Values x, const float* mean, int images, int 
   bn_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c), unsigned(shards)), kThreads, 0, s>>>(
       values, plan.per_split, c, hw, values * c, x, mean, parts);
   DDP_CUDA_CHECK_LAUNCH(bn_run_sums_kernel);
-  bn_runs_kernel<<<cuda_grid(c * shards), kCudaThreads, 0, s>>>(c * shards, plan.splits, parts, out);
-  DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
+  add_runs(ctx, int64_t(c) * shards, plan.splits, parts, out, s);
 }
 
 template <typename Values>
@@ -452,8 +478,7 @@ void nhwc_sums(cuda::Context& ctx, Values x, const float* mean, int64_t rows, in
   nhwc_run_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(nhwc_channel_groups(c)), unsigned(shards)), kThreads, 0,
                          s>>>(rows, plan.per_split, c, x, mean, parts);
   DDP_CUDA_CHECK_LAUNCH(nhwc_run_sums_kernel);
-  bn_runs_kernel<<<cuda_grid(c * shards), kCudaThreads, 0, s>>>(c * shards, plan.splits, parts, out);
-  DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
+  add_runs(ctx, int64_t(c) * shards, plan.splits, parts, out, s);
 }
 
 // Note [bias in backward]: backward's element-wise pass in the runs of
@@ -478,8 +503,7 @@ void backward_runs(cuda::Context& ctx, Layout layout, int images, int c, int hw,
         values, plan.per_split, c, hw, x, dy, relu_y, chan, dx, dz, parts);
     DDP_CUDA_CHECK_LAUNCH(bn_backward_runs_kernel);
   }
-  bn_runs_kernel<<<cuda_grid(c), kCudaThreads, 0, s>>>(c, plan.splits, parts, out);
-  DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
+  add_runs(ctx, c, plan.splits, parts, out, s);
 }
 
 }  // namespace
@@ -551,8 +575,7 @@ void CudaBatchNorm::split_sums(Values x, int images, int shards, const float* me
     nhwc_run_grad_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(nhwc_channel_groups(c_)), unsigned(shards)),
                                 kThreads, 0, s>>>(values, plan.per_split, c_, x, mean, dy, relu_y, parts);
     DDP_CUDA_CHECK_LAUNCH(nhwc_run_grad_sums_kernel);
-    bn_runs_kernel<<<cuda_grid(2 * c_ * shards), kCudaThreads, 0, s>>>(2 * c_ * shards, plan.splits, parts, out);
-    DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
+    add_runs(ctx_, int64_t(2) * c_ * shards, plan.splits, parts, out, s);
     return;
   }
   if (!dy) return nchw_sums(ctx_, x, mean, images, c_, hw_, parts, out, shards);
@@ -560,8 +583,7 @@ void CudaBatchNorm::split_sums(Values x, int images, int shards, const float* me
   bn_run_grad_sums_kernel<<<dim3(unsigned(plan.splits), unsigned(c_), unsigned(shards)), kThreads, 0, s>>>(
       values, plan.per_split, c_, hw_, values * c_, x, mean, dy, relu_y, parts);
   DDP_CUDA_CHECK_LAUNCH(bn_run_grad_sums_kernel);
-  bn_runs_kernel<<<cuda_grid(2 * c_ * shards), kCudaThreads, 0, s>>>(2 * c_ * shards, plan.splits, parts, out);
-  DDP_CUDA_CHECK_LAUNCH(bn_runs_kernel);
+  add_runs(ctx_, int64_t(2) * c_ * shards, plan.splits, parts, out, s);
 }
 
 void CudaBatchNorm::param_grads_of_shards(int shards, const double* sums, float* out) {

@@ -51,7 +51,7 @@ TEST(GpuKernels, AnythingElseIsRefusedNamingWhatWouldDo) {
       EXPECT_TRUE(what.find("proven, next, or next,-NAME") != std::string::npos ||
                   what.find("(bn-split-sums, graph-conv, conv-bias-sums, bn-act, conv-bn, bias-in-bn, "
                             "sync-bn-on-device, one-rank, loss-scale-on-device, shard-sums, shards-together, "
-                            "checked-runs, shard-streams, step-graphs)") !=
+                            "checked-runs, shard-streams, step-graphs, warp-run-sums)") !=
                       std::string::npos)
           << what;
     }
