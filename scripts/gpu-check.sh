@@ -18,6 +18,8 @@
 #       (On/DeterministicNext.*, On/SyncBatchNorm.*/nccl_on_one_gpu).
 #   scripts/gpu-check.sh learn [DIR] [OUT] there: GpuTraining's learning
 #       tests (24 training runs), in a device call of their own.
+#       GPU_TEST_KERNELS=next: test_cli's GPU runs (run, learn, nccl) with
+#       --gpu-kernels next where a test names no --gpu-kernels.
 #   scripts/gpu-check.sh nccl [DIR] [OUT] there: whole ddp_train runs over
 #       NCCL ranks sharing the GPU (test_cli's */nccl_on_one_gpu and
 #       NcclOnOneGpu.*): --deterministic bitwise at np 1, 2, 4 and across a
@@ -102,6 +104,9 @@ prepare)
 run | learn | bench | nccl | profile)
   out=$(realpath -m "${3:-${OUT:-$dir/out}}")
   mkdir -p "$out"
+  # GPU_TEST_KERNELS: test_cli's GPU runs take --gpu-kernels this where a
+  # test names none (e.g. `GPU_TEST_KERNELS=next ... learn`).
+  if [[ -n ${GPU_TEST_KERNELS:-} ]]; then export DDP_TEST_GPU_KERNELS=$GPU_TEST_KERNELS; fi
   # shellcheck disable=SC1091
   source "$dir/device-env.sh" "$dir"
   while read -r path what; do
@@ -151,7 +156,7 @@ run | learn | bench | nccl | profile)
     # GPU_BENCH: model:precision:reps:epochs[:our flags, comma-separated],
     # most wanted first (compare_pytorch_gpu.sh's pairs: each precision
     # against PyTorch's like).
-    for spec in ${GPU_BENCH:-resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:fp32:1:3:--gpu-kernels,next,--channels-last resnet18:fp32:1:3 lenet:fp32:3:5 lenet:fp32:3:5:--gpu-kernels,next lenet:bf16:3:5 lenet:fp16:3:5:--gpu-kernels,next resnet18:fp16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last}; do
+    for spec in ${GPU_BENCH:-resnet18:fp32:1:3 resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:fp32:1:3:--gpu-kernels,next resnet18:fp32:1:3:--gpu-kernels,next,--channels-last resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next lenet:fp32:3:5:--gpu-kernels,next lenet:bf16:3:5 lenet:fp16:3:5:--gpu-kernels,next resnet18:fp16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last lenet:fp32:3:5}; do
       IFS=: read -r model p reps epochs flag <<<"$spec"
       flag=${flag//,/ }
       # GPU_NEXT_CUT: a piece of next that failed (`all`'s profile stage).
@@ -170,7 +175,7 @@ run | learn | bench | nccl | profile)
   # The benchmark ends with the kernel breakdown of our step (not in `all`,
   # which profiles in a stage of its own).
   if [[ $mode == profile || ($mode == bench && ${GPU_BENCH_PROFILE:-1} == 1) ]]; then
-    IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision bf16 --cudnn-benchmark --gpu-kernels next --channels-last;--precision bf16 --cudnn-benchmark --gpu-kernels next,-conv-bn --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next;--precision fp32;--deterministic --sync-bn;--deterministic --sync-bn --gpu-kernels next}"
+    IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision bf16 --cudnn-benchmark --gpu-kernels next --channels-last;--precision bf16 --cudnn-benchmark --gpu-kernels next,-warp-run-sums --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next;--precision fp32;--precision fp32 --gpu-kernels next;--deterministic --sync-bn;--deterministic --sync-bn --gpu-kernels next}"
     # ResNet-18 with flags $1 (images $2), its output to $3.
     # A run is bounded by GPU_PROFILE_STEP_S (90 s: 5120 images take a
     # few seconds), so that one that hangs leaves the stage its time.

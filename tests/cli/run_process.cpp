@@ -50,7 +50,14 @@ std::string command_line(int np, const std::string& args, const std::string& wra
   // says so (GpuTraining: --device cuda; Devices: --device auto).
   const bool device = args.find("--device") != std::string::npos;
   if (!wrapper.empty()) cmd += wrapper + " ";
-  return cmd + DDP_TRAIN_BIN + (device ? " " : " --device cpu ") + args;
+  // DDP_TEST_GPU_KERNELS: the GPU runs' --gpu-kernels where a test names
+  // none, so that the GPU tests can run again with `next` before it becomes
+  // the default (scripts/gpu-check.sh's GPU_TEST_KERNELS).
+  std::string kernels;
+  const char* k = std::getenv("DDP_TEST_GPU_KERNELS");
+  if (k && *k && args.find("--device cuda") != std::string::npos && args.find("--gpu-kernels") == std::string::npos)
+    kernels = std::string(" --gpu-kernels ") + k;
+  return cmd + DDP_TRAIN_BIN + (device ? " " : " --device cpu ") + args + kernels;
 }
 
 RunResult collect(int raw, const std::string& dir) {

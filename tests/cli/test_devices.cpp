@@ -209,7 +209,8 @@ TEST_F(GpuTraining, GradCompressionHalvesTheBytesAndLearnsAsFp32) {
   for (const std::string c : {"none", "bf16", "fp16"})
     acc[c] = last_epochs_accuracy(2, args + " --grad-compression " + c, 80, 10, {0, 1}, [&](const json& s) {
       EXPECT_EQ(s["grad_compression"], c);
-      EXPECT_EQ(s["allreduce_bytes_per_step"].get<double>(), (c == "none" ? 4.0 : 2.0) * 129068) << c;
+      EXPECT_EQ(s["allreduce_bytes_per_step"].get<double>(), (c == "none" ? 4.0 : 2.0) * allreduced_floats("lenet"))
+          << c;
     });
   EXPECT_GE(acc["none"], 0.72);
   EXPECT_NEAR(acc["bf16"], acc["none"], 0.015);
@@ -256,9 +257,12 @@ TEST_F(GpuTraining, ParametersFollowTheCpu) {
 // in fp32, TF32 and bf16 (these two with --gpu-kernels next, the graph
 // API's convolutions), and its ten steps' training loss follows the NCHW
 // run's (other cuDNN kernels and sums: not the same bits; a wrong channel
-// index leaves the loss elsewhere). LeNet says it stays NCHW, and why.
+// index leaves the loss elsewhere). At lr 0.1 ten steps of ResNet-18 are
+// chaotic (on an H200, 2026-11-28, TF32's and bf16's NCHW and NHWC losses
+// were 11% apart, both above 3), so the steps are smaller. LeNet says it
+// stays NCHW, and why.
 TEST_F(GpuTraining, ChannelsLastFollowsNchw) {
-  const std::string args = "--synthetic 640 --epochs 1 --batch-size 64 --lr 0.1 --momentum 0.9 --seed 5 --quiet "
+  const std::string args = "--synthetic 640 --epochs 1 --batch-size 64 --lr 0.02 --momentum 0.9 --seed 5 --quiet "
                            "--device cuda --model resnet18";
   for (const std::string flags : {"", " --precision tf32 --gpu-kernels next", " --precision bf16 --gpu-kernels next"}) {
     SCOPED_TRACE(flags);
@@ -271,6 +275,7 @@ TEST_F(GpuTraining, ChannelsLastFollowsNchw) {
     const json a = summary_of(nchw), b = summary_of(nhwc);
     ASSERT_FALSE(a.is_null() || b.is_null()) << nchw.out << nhwc.out;
     const double la = a["train_loss"].get<double>(), lb = b["train_loss"].get<double>();
+    std::printf("note:%s: training loss %.4f NCHW, %.4f NHWC\n", flags.c_str(), la, lb);
     EXPECT_NEAR(lb, la, 0.05 * la);
   }
   auto lenet = run_ddp_train(1, kSmall + " --device cuda --channels-last");
@@ -492,7 +497,7 @@ TEST_F(NcclOnOneGpu, GradCompressionAndSyncBatchNormLearnAtTwoRanks) {
     EXPECT_EQ(s["backend"], "nccl") << r.out;
     if (flags.find("compression") != std::string::npos) {
       EXPECT_EQ(s["grad_compression"], flags.substr(flags.rfind(' ') + 1));
-      EXPECT_EQ(s["allreduce_bytes_per_step"].get<double>(), 2.0 * 129068);
+      EXPECT_EQ(s["allreduce_bytes_per_step"].get<double>(), 2.0 * allreduced_floats("lenet"));
     }
     EXPECT_GE(s["test_acc"].get<double>(), 0.9) << r.out;
   }
