@@ -175,7 +175,7 @@ run | learn | bench | nccl | profile)
   # The benchmark ends with the kernel breakdown of our step (not in `all`,
   # which profiles in a stage of its own).
   if [[ $mode == profile || ($mode == bench && ${GPU_BENCH_PROFILE:-1} == 1) ]]; then
-    IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision bf16 --cudnn-benchmark --gpu-kernels next --channels-last;--precision bf16 --cudnn-benchmark --gpu-kernels next,-warp-run-sums --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next;--precision fp32;--precision fp32 --gpu-kernels next;--deterministic --sync-bn;--deterministic --sync-bn --gpu-kernels next}"
+    IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision bf16 --cudnn-benchmark --gpu-kernels next --channels-last;--precision bf16 --cudnn-benchmark --gpu-kernels next,-warp-run-sums --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next;--precision fp32;--precision fp32 --gpu-kernels next;--precision fp32 --gpu-kernels next --channels-last;--deterministic --sync-bn;--deterministic --sync-bn --gpu-kernels next}"
     # ResNet-18 with flags $1 (images $2), its output to $3.
     # A run is bounded by GPU_PROFILE_STEP_S (90 s: 5120 images take a
     # few seconds), so that one that hangs leaves the stage its time.

@@ -275,7 +275,8 @@ TEST_F(GpuTraining, ChannelsLastFollowsNchw) {
     const json a = summary_of(nchw), b = summary_of(nhwc);
     ASSERT_FALSE(a.is_null() || b.is_null()) << nchw.out << nhwc.out;
     const double la = a["train_loss"].get<double>(), lb = b["train_loss"].get<double>();
-    std::printf("note:%s: training loss %.4f NCHW, %.4f NHWC\n", flags.c_str(), la, lb);
+    std::printf("note: %s: training loss %.4f NCHW, %.4f NHWC\n", flags.empty() ? "fp32" : flags.c_str() + 1, la,
+                lb);
     EXPECT_NEAR(lb, la, 0.05 * la);
   }
   auto lenet = run_ddp_train(1, kSmall + " --device cuda --channels-last");
