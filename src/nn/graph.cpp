@@ -230,7 +230,7 @@ Graph GraphBuilder::finish(int output) {
   size_t end = 0;
   for (size_t i = n_ops; i-- > 0;) {
     for (const TensorSpec& t : g.ops[i].params) {
-      TensorInfo p{full_name(g.ops[i], t), t.shape, param_slot(end), size_t(t.numel()), t.init, t.bound};
+      TensorInfo p{full_name(g.ops[i], t), t.shape, param_start(end), size_t(t.numel()), t.init, t.bound};
       end = p.offset + p.numel;
       g.parameter_count += p.numel;
       g.op_params[i].push_back(g.params.size());
@@ -240,7 +240,7 @@ Graph GraphBuilder::finish(int output) {
   }
   // The last tensor's slot ends with it; a gap is final with the tensor before it.
   g.num_params = end;
-  for (size_t& r : g.ready_after) r = std::min(param_slot(r), end);
+  for (size_t& r : g.ready_after) r = std::min(param_start(r), end);
   // Note [buffers]: forward order; nothing waits on them.
   g.op_buffers.assign(n_ops, {});
   g.op_counter.assign(n_ops, -1);
@@ -261,10 +261,13 @@ Graph GraphBuilder::finish(int output) {
   return g;
 }
 
+size_t param_slot_end(const Graph& g, size_t k) {
+  return k + 1 < g.params.size() ? g.params[k + 1].offset : g.num_params;
+}
+
 std::vector<size_t> param_slots(const Graph& g) {
   std::vector<size_t> slots;
-  for (size_t i = 0; i < g.params.size(); ++i)
-    slots.push_back((i + 1 < g.params.size() ? g.params[i + 1].offset : g.num_params) - g.params[i].offset);
+  for (size_t k = 0; k < g.params.size(); ++k) slots.push_back(param_slot_end(g, k) - g.params[k].offset);
   return slots;
 }
 

@@ -145,8 +145,8 @@ std::pair<size_t, size_t> Model::param_span(size_t i) const {
   if (ps.empty()) return {0, 0};
   // An op's tensors' slots are adjacent in flat order (Note [flat layout]):
   // the span runs to the end of the last one's, as the exact sums take it.
-  const TensorInfo &first = graph_.params[ps.front()], &last = graph_.params[ps.back()];
-  return {first.offset, std::min(param_slot(last.offset + last.numel), graph_.num_params) - first.offset};
+  const size_t first = graph_.params[ps.front()].offset;
+  return {first, param_slot_end(graph_, ps.back()) - first};
 }
 
 bool Model::any_half_op() const {

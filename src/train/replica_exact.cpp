@@ -69,11 +69,10 @@ std::unique_ptr<nn::Model> Replica::make_exact(const Config& cfg, nn::Graph grap
   backend->set_exact_loss();
   if (stats_) stats_ = std::make_unique<ExactStats>(*backend_);
   auto model = std::make_unique<deterministic::ShardedModel>(std::move(graph), backend_->device(), stats_.get());
-  std::vector<size_t> slots = nn::param_slots(model->graph());  // Note [flat layout]
   exact_ = std::make_unique<Exact>();
   exact_->backend = backend;
   exact_->model = model.get();
-  exact_->sum = backend->make_exact_sum(std::move(slots), cfg.deterministic_shards);
+  exact_->sum = backend->make_exact_sum(nn::param_slots(model->graph()), cfg.deterministic_shards);
   exact_->sum->set_lanes(model->lanes());
   exact_->shard = cfg.batch_size / cfg.deterministic_shards;
   exact_->global_batch = cfg.batch_size;

@@ -133,8 +133,13 @@ struct Graph {
   Shape output_shape() const { return values[size_t(output)]; }
 };
 
-// n rounded up to a tensor's start (Note [flat layout]), in elements.
-inline size_t param_slot(size_t n) { return (n + kParamAlignment - 1) / kParamAlignment * kParamAlignment; }
+// The first element at or after n where a tensor may start (Note [flat
+// layout]).
+inline size_t param_start(size_t n) { return (n + kParamAlignment - 1) / kParamAlignment * kParamAlignment; }
+
+// Where parameter k's slot ends: where the next one starts, or the buffer's
+// end.
+size_t param_slot_end(const Graph& g, size_t k);
 
 // Per parameter, in flat order, its slot's elements: they partition
 // 0 .. num_params.
