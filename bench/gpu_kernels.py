@@ -4,8 +4,17 @@ device's spans (GPU tracks: kernels, copies, memsets) summed by name, the
 largest first, with each one's share of the device's busy time and its
 milliseconds per step of the trace's window; then the same by kind of work
 (cuDNN and cuBLAS, our BatchNorm, 16-bit and layout conversions, NCCL, ...);
-and how much of the steps' wall time the device was busy at all (any
-stream): what is left is the device waiting for launches or for the host.
+and the device's time a step: from its first recorded activity to its last,
+over the steps, with how much of it the device was busy at all (any stream):
+what is left is the device waiting for launches or for the host.
+
+The host's spans of the steps are not the step's time on a GPU: the host
+issues up to a few steps ahead of the device, so a window's host spans can
+add up to half its device time (ResNet-18 fp32, H200, 2026-11-28: 19.0 ms a
+step by the host's spans, 38 ms of kernels a step, 38.7 ms a step by the
+benchmark's epochs). They are printed beside it. The recorded activities are
+the window's steps' alone where the device had caught up when the window
+began (each step's kernel count says so).
 
 Usage: bench/gpu_kernels.py TRACE.rankR.json [--top N]
 """
@@ -81,13 +90,14 @@ def main():
     launches = sum(n for (kind, _), n in calls.items() if kind == "kernel")
     print(f"{a.trace}: {len(steps)} steps, GPU busy {busy / 1000 / per:.2f} ms a step (streams summed), "
           f"{launches / per:.0f} kernels a step")
+    device = max(t for _, t in spans) - min(s for s, _ in spans)
+    covered = union_us(spans)
+    print(f"the device's time {device / 1000 / per:.2f} ms a step (its first activity to its last), busy "
+          f"(any stream) {100 * covered / device:.1f}% of it, idle {(device - covered) / 1000 / per:.2f} ms a step")
     if steps:
-        wall = sum(e["dur"] for e in steps)
-        windows = [(e["ts"], e["ts"] + e["dur"]) for e in steps]
-        inside = [(max(s, ws), min(t, we)) for s, t in spans for ws, we in windows if s < we and t > ws]
-        covered = union_us(inside)
-        print(f"the steps' wall time {wall / 1000 / per:.2f} ms a step, the device busy (any stream) "
-              f"{100 * covered / wall:.1f}% of it, idle {(wall - covered) / 1000 / per:.2f} ms a step")
+        host = sum(e["dur"] for e in steps)
+        print(f"the host's spans of the steps {host / 1000 / per:.2f} ms a step (launches and waits: the host runs "
+              f"ahead of the device)")
     print(f"{'share':>6} {'ms/step':>8} {'calls/step':>10}  kind    name")
     for (kind, name), us in total.most_common(a.top):
         print(f"{100 * us / busy:5.1f}% {us / 1000 / per:8.3f} {calls[(kind, name)] / per:10.1f}  {kind:7} {name}")
