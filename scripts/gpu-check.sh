@@ -34,11 +34,12 @@
 #   scripts/gpu-check.sh profile [DIR] [OUT] there: where ResNet-18's GPU
 #       step goes, from --trace's GPU tracks (bench/gpu_kernels.py), for each
 #       of GPU_PROFILE's flag sets (';'-separated), into OUT/profile.txt,
-#       and each set's median step against plain fp32 into
+#       and each set's device time a step against plain fp32 into
 #       OUT/profile-summary.txt; seconds, not Nsight's minutes. The first
-#       set of --gpu-kernels next that fails is narrowed down to the piece
-#       of next without which it passes (GPU_BISECT=0: not), and later sets
-#       of next leave that piece out (Note [next kernels]).
+#       set that fails and takes pieces of Note [next kernels] (the default,
+#       proven, does; --gpu-kernels reference does not) is narrowed down to
+#       the piece without which it passes (GPU_BISECT=0: not), and later
+#       sets leave that piece out.
 #   scripts/gpu-check.sh all [DIR] [OUT] there: one device call for a
 #       whole lent session, as its machine goes back 30 s after a call:
 #       the stages GPU_ALL_STAGES (default `run profile bench nccl`; bench
@@ -50,9 +51,9 @@
 #       profile-summary.txt, bench.txt, ...; each updated as the stage goes)
 #       and, after each stage, logs.tgz (every log, no traces): what a call
 #       stopped at its limit returns.
-#       GPU_NCCL_FILTER (a gtest filter) runs a part of `nccl`. A piece of
-#       next that the profile found failing is left out of the benchmark's
-#       runs of next after it (GPU_NEXT_CUT).
+#       GPU_NCCL_FILTER (a gtest filter) runs a part of `nccl`. A piece
+#       that the profile found failing is left out of the benchmark's runs
+#       after it (GPU_NEXT_CUT).
 #
 # The test binaries carry the absolute paths they were built with (the
 # ddp_train they start, the data, mpiexec); `run` makes those paths lead to
@@ -144,8 +145,26 @@ run | learn | bench | nccl | profile)
     fi
     ((s >= 10)) && echo "$s"
   }
-  # Flags $1 with next's pieces $2 (",-NAME,...") left out (Note [next kernels]).
-  without() { echo "${1/--gpu-kernels next/--gpu-kernels next$2}"; }
+  # Flags $1 with pieces $2 (",-NAME,...") left out (Note [next kernels]):
+  # of next where $1 takes next, else of proven, the default (step-graphs
+  # is none of its pieces); the reference has none to leave out.
+  without() {
+    local f=$1 cut=$2
+    case $f in
+    *"--gpu-kernels next"*) echo "${f/--gpu-kernels next/--gpu-kernels next$cut}" ;;
+    *"--gpu-kernels reference"*) echo "$f" ;;
+    *)
+      cut=${cut//,-step-graphs/}
+      if [[ -z $cut ]]; then
+        echo "$f"
+      elif [[ $f == *"--gpu-kernels proven"* ]]; then
+        echo "${f/--gpu-kernels proven/--gpu-kernels proven$cut}"
+      else
+        echo "$f --gpu-kernels proven$cut"
+      fi
+      ;;
+    esac
+  }
   # Under `all`: OUT's file $2 is this stage's $1 so far, so that a call
   # stopped in the middle of a stage still returns what the stage did.
   keep() {
@@ -156,7 +175,7 @@ run | learn | bench | nccl | profile)
     # GPU_BENCH: model:precision:reps:epochs[:our flags, comma-separated],
     # most wanted first (compare_pytorch_gpu.sh's pairs: each precision
     # against PyTorch's like).
-    for spec in ${GPU_BENCH:-resnet18:fp32:1:3 resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:tf32:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last resnet18:fp32:1:3:--gpu-kernels,next resnet18:fp32:1:3:--gpu-kernels,next,--channels-last resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next lenet:fp32:3:5:--gpu-kernels,next lenet:bf16:3:5 lenet:fp16:3:5:--gpu-kernels,next resnet18:fp16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last lenet:fp32:3:5}; do
+    for spec in ${GPU_BENCH:-resnet18:fp32:1:3 resnet18:tf32:1:3:--cudnn-benchmark resnet18:bf16:1:3:--cudnn-benchmark,--channels-last resnet18:fp32:1:3:--channels-last resnet18:tf32:1:3:--cudnn-benchmark,--channels-last resnet18:fp16:1:3:--cudnn-benchmark,--channels-last lenet:fp16:3:5 lenet:bf16:3:5 lenet:fp32:3:5 resnet18:bf16:1:3:--cudnn-benchmark,--gpu-kernels,next,--channels-last}; do
       IFS=: read -r model p reps epochs flag <<<"$spec"
       flag=${flag//,/ }
       # GPU_NEXT_CUT: a piece of next that failed (`all`'s profile stage).
@@ -175,7 +194,7 @@ run | learn | bench | nccl | profile)
   # The benchmark ends with the kernel breakdown of our step (not in `all`,
   # which profiles in a stage of its own).
   if [[ $mode == profile || ($mode == bench && ${GPU_BENCH_PROFILE:-1} == 1) ]]; then
-    IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision bf16 --cudnn-benchmark --gpu-kernels next --channels-last;--precision bf16 --cudnn-benchmark --gpu-kernels next,-warp-run-sums --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next --channels-last;--precision tf32 --cudnn-benchmark --gpu-kernels next;--precision fp32;--precision fp32 --gpu-kernels next;--precision fp32 --gpu-kernels next --channels-last;--deterministic --sync-bn;--deterministic --sync-bn --gpu-kernels next}"
+    IFS=';' read -r -a sets <<<"${GPU_PROFILE:---precision fp32;--precision fp32 --gpu-kernels reference;--precision fp32 --channels-last;--precision tf32 --cudnn-benchmark;--precision tf32 --cudnn-benchmark --channels-last;--precision bf16 --cudnn-benchmark --channels-last;--precision bf16 --cudnn-benchmark --gpu-kernels next --channels-last;--deterministic --sync-bn;--deterministic --sync-bn --gpu-kernels reference}"
     # ResNet-18 with flags $1 (images $2), its output to $3.
     # A run is bounded by GPU_PROFILE_STEP_S (90 s: 5120 images take a
     # few seconds), so that one that hangs leaves the stage its time.
@@ -187,24 +206,31 @@ run | learn | bench | nccl | profile)
       timeout -k 10 "$bound" "$dir/bin/ddp_train" --device cuda --backend nccl --model resnet18 --synthetic "$2" \
         --epochs 1 --batch-size 256 --lr 0.1 --quiet $1 >>"$3" 2>&1
     }
-    # Note [next kernels]: the first set of --gpu-kernels next that fails
-    # is run again without halves of next's pieces (short runs) until one
-    # piece is left whose absence alone lets it pass; later sets of next then
-    # leave that piece out too (cut), and say so in their headers.
+    # Note [next kernels]: the first set that fails and takes pieces (all
+    # but --gpu-kernels reference) is run again without halves of its
+    # pieces (short runs) until one piece is left whose absence alone lets
+    # it pass; later sets then leave that piece out too (cut), and say so in
+    # their headers.
     cut=""
     bisect() {
       local flags=$1 scratch pieces half n
       scratch=$(mktemp)
       timeout -k 5 30 "$dir/bin/ddp_train" --gpu-kernels "next,-?" >"$scratch" 2>&1 || true
       read -r -a pieces <<<"$(sed -n 's/.*a kernel of next (\([^)]*\)).*/\1/p' "$scratch" | tr -d ' ' | tr ',' ' ')"
+      # proven's pieces are next's but step-graphs.
+      if [[ $flags != *"--gpu-kernels next"* ]]; then
+        local p kept=()
+        for p in "${pieces[@]}"; do [[ $p == step-graphs ]] || kept+=("$p"); done
+        pieces=("${kept[@]}")
+      fi
       if ((${#pieces[@]} == 0)); then
         echo "bisect: the pieces of next are not known ($(tail -1 "$scratch"))" >>"$out/profile.txt"
         rm -f "$scratch"
         return 1
       fi
       # The short untraced run must fail with all of next, or halving it
-      # would name a piece that fails nothing; and pass with proven, or the
-      # fault is not next's.
+      # would name a piece that fails nothing; and pass with reference (no
+      # piece), or the fault is not a piece's.
       : >"$scratch"
       local rc=0
       resnet "$flags" 1024 "$scratch" || rc=$?
@@ -215,10 +241,12 @@ run | learn | bench | nccl | profile)
       fi
       : >"$scratch"
       rc=0
+      local ref="$flags --gpu-kernels reference"
       # shellcheck disable=SC2001
-      resnet "$(sed 's/--gpu-kernels next[^ ]*/--gpu-kernels proven/' <<<"$flags")" 1024 "$scratch" || rc=$?
+      [[ $flags == *"--gpu-kernels "* ]] && ref=$(sed 's/--gpu-kernels [^ ]*/--gpu-kernels reference/' <<<"$flags")
+      resnet "$ref" 1024 "$scratch" || rc=$?
       if ((rc != 0)); then
-        echo "bisect: not narrowed: ${flags} fails with --gpu-kernels proven too (exit $rc; $(tail -1 "$scratch"))" >>"$out/profile.txt"
+        echo "bisect: not narrowed: ${flags} fails with --gpu-kernels reference too (exit $rc; $(tail -1 "$scratch"))" >>"$out/profile.txt"
         rm -f "$scratch"
         return 1
       fi
@@ -242,7 +270,7 @@ run | learn | bench | nccl | profile)
       done
       : >"$scratch"
       if resnet "$(without "$flags" ",-${pieces[0]}")" 1024 "$scratch"; then
-        echo "bisect: ${flags} fails with next and passes without ${pieces[0]}" >>"$out/profile.txt"
+        echo "bisect: ${flags} fails, and passes without ${pieces[0]}" >>"$out/profile.txt"
         cut=",-${pieces[0]}"
       else
         echo "bisect: no one piece of next makes ${flags} fail ($(tail -1 "$scratch"))" >>"$out/profile.txt"
@@ -283,7 +311,7 @@ run | learn | bench | nccl | profile)
       profile_set "$i" "$flags" || rc=$?
       if ((rc == 2)) && [[ $flags == *"--gpu-kernels next"* ]]; then hung=$flags; fi
       ((rc == 1)) || continue
-      if [[ $flags == *"--gpu-kernels next"* && $bisected == 0 && ${GPU_BISECT:-1} == 1 ]]; then
+      if [[ $flags != *"--gpu-kernels reference"* && $bisected == 0 && ${GPU_BISECT:-1} == 1 ]]; then
         bisected=1
         bisect "$flags" || true
         echo "$cut" >"$out/next-cut.txt"

@@ -237,11 +237,12 @@ Parsed parse_options(int argc, char** argv, int world_size) {
     ("cudnn-benchmark", "GPUs: time cuDNN's convolution algorithms once per geometry and run the fastest "
                         "(a deterministic one within 5% of it), as torch.backends.cudnn.benchmark",
          cxxopts::value(c.cudnn_benchmark))
-    ("gpu-kernels", "GPUs: proven (the kernels a GPU has run through the tests) or next (also those written "
-                    "since; next,-NAME,... leaves the named ones out; docs/gpus.md)",
+    ("gpu-kernels", "GPUs: proven (the kernels a GPU has run through the tests and the benchmark), next (also "
+                    "those written since) or reference (the first kernels alone); proven,-NAME,... and "
+                    "next,-NAME,... leave the named ones out (docs/gpus.md)",
          cxxopts::value(c.gpu_kernels)->default_value(c.gpu_kernels))
     ("channels-last", "GPUs: activations and their gradients NHWC, as torch.channels_last, where the model "
-                      "allows it (ResNet-18; LeNet stays NCHW); not yet run on a GPU (docs/gpus.md)",
+                      "allows it (ResNet-18; LeNet stays NCHW; docs/gpus.md)",
          cxxopts::value(c.channels_last))
     ("deterministic", "bitwise the same training at every world size that divides --deterministic-shards, "
                       "and on resume at another one (CPU)", cxxopts::value<bool>())

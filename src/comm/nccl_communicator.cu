@@ -356,7 +356,7 @@ class NcclCommunicator final : public cuda_util::HostCollectives {
   }
 
  private:
-  // One rank's sum and mean are its values: with --gpu-kernels next no
+  // One rank's sum and mean are its values: with --gpu-kernels proven no
   // collective is issued for them (a 16-bit all-reduce still rounds them).
   bool alone() const { return size_ == 1 && ctx_.next(NextKernel::OneRank); }
   // An in-place ncclSum of count values of `type` (`size` bytes, `name`).

@@ -2,7 +2,7 @@
 // lane, so only the kernels that keep something per sample between forward
 // and backward (the fused LeNet layer) or take sums over the batch
 // (BatchNorm) differ from nn/cuda's; every other op is called micro-shard by
-// micro-shard as it is, or with --gpu-kernels next in checked runs (Note
+// micro-shard as it is, or with --gpu-kernels proven in checked runs (Note
 // [checked runs] in deterministic/checked_runs.hpp).
 #include <cuda_runtime_api.h>
 
@@ -116,7 +116,7 @@ class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
   }
 
  private:
-  // Note [shards in one launch]: with the split sums (--gpu-kernels next
+  // Note [shards in one launch]: with the split sums (--gpu-kernels proven
   // or NHWC) every micro-shard's sums come from one launch, each block
   // summing its micro-shard as a launch of that micro-shard alone would (the
   // same cut: the same bits); backward then hands over each micro-shard's
@@ -156,7 +156,7 @@ class ShardBatchNormCuda final : public ShardedBatch<nn::CudaBatchNorm> {
     return per_shard_;
   }
   // The shards' sums into sums_ in global shard order (over every rank when
-  // synchronised; with --gpu-kernels next one rank's are every rank's,
+  // synchronised; with --gpu-kernels proven one rank's are every rank's,
   // added on the device in sum_in_shard_order's order: the same doubles).
   void reduce_shards(int shards, size_t width, const std::string& what) {
     if (!shard_stats_ || (ctx_.next(NextKernel::OneRank) && stats_->ranks() == 1)) {

@@ -37,6 +37,10 @@ const char* name_of(NextKernel k) {
   return "?";
 }
 
+GpuKernels GpuKernels::proven() {
+  return next().without(NextKernel::StepGraphs);
+}
+
 GpuKernels GpuKernels::next() {
   GpuKernels g;
   for (NextKernel k : next_kernels()) g.on_ |= 1u << unsigned(k);
@@ -60,34 +64,43 @@ std::string piece_names() {
 }  // namespace
 
 GpuKernels GpuKernels::parse(const std::string& spec) {
-  if (spec == "proven") return proven();
+  if (spec == "reference") return reference();
   const std::string head = spec.substr(0, spec.find(','));
-  DDP_CHECK(head == "next",
-            "--gpu-kernels must be proven, next, or next,-NAME,... to leave kernels of next out (docs/gpus.md), got '",
+  DDP_CHECK(head == "next" || head == "proven",
+            "--gpu-kernels must be proven, next, reference, or proven,-NAME,... or next,-NAME,... to leave kernels "
+            "out (docs/gpus.md), got '",
             spec, "'");
-  GpuKernels g = next();
+  GpuKernels g = head == "next" ? next() : proven();
   for (size_t at = head.size(); at < spec.size();) {
     const size_t end = std::min(spec.find(',', at + 1), spec.size());
     const std::string item = spec.substr(at + 1, end - at - 1);
-    bool known = false;
-    for (NextKernel k : next_kernels())
-      if (item == std::string("-") + name_of(k)) {
-        g = g.without(k);
-        known = true;
-      }
-    DDP_CHECK(known, "--gpu-kernels ", spec, ": '", item, "' is not -NAME of a kernel of next (", piece_names(),
-              ")");
+    const auto piece = std::find_if(next_kernels().begin(), next_kernels().end(),
+                                    [&](NextKernel k) { return item == std::string("-") + name_of(k); });
+    DDP_CHECK(piece != next_kernels().end(), "--gpu-kernels ", spec, ": '", item,
+              "' is not -NAME of a kernel of next (", piece_names(), ")");
+    DDP_CHECK(head == "next" || proven().on(*piece), "--gpu-kernels ", spec, ": ", name_of(*piece),
+              " is not one of proven's kernels (next,", item, " is next without it)");
+    g = g.without(*piece);
     at = end;
   }
   return g;
 }
 
 std::string GpuKernels::describe() const {
-  if (!any()) return "proven";
+  if (!any()) return "reference";
+  const GpuKernels whole = beyond_proven() ? next() : proven();
   std::string out;
   for (NextKernel k : next_kernels())
-    if (!on(k)) out += std::string(out.empty() ? " without " : ", ") + name_of(k);
-  return "next" + out;
+    if (whole.on(k) && !on(k)) out += std::string(out.empty() ? " without " : ", ") + name_of(k);
+  return (beyond_proven() ? "next" : "proven") + out;
+}
+
+std::string GpuKernels::startup_note() const {
+  const std::string head = "; --gpu-kernels " + describe() + ": ";
+  if (beyond_proven()) return head + "also kernels not yet proven on a GPU (docs/gpus.md)";
+  if (!any()) return head + "the first kernels alone, none of the pieces since (docs/gpus.md)";
+  if (on_ != proven().on_) return head + "some of the proven kernels left out (docs/gpus.md)";
+  return "";
 }
 
 }  // namespace ddp

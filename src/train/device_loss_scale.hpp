@@ -1,5 +1,5 @@
 // DeviceLossScale: --precision fp16's loss scaler deciding on the device, so
-// that the host never waits for a step (a GPU's with --gpu-kernels next).
+// that the host never waits for a step (a GPU's with --gpu-kernels proven).
 //
 // Note [loss scale on the device]: GradScaler.step reads found_inf on the
 // host every step (PyTorch's too), and the host then waits for the device:

@@ -183,7 +183,7 @@ class CudaBackend final : public Backend, public ExactBackend {
                                [this](const std::string& what) { sync(what); });
   }
   void set_exact_loss() override { exact_loss_ = true; }
-  // --gpu-kernels next (shards-together): one launch, each micro-shard's
+  // --gpu-kernels proven (shards-together): one launch, each micro-shard's
   // blocks summing as its own launch's would.
   bool shard_losses(const float* logits, const int32_t* labels, int batch, int shard, int classes, float* dlogits,
                     int grad_batch) override {
@@ -287,7 +287,7 @@ class CudaBackend final : public Backend, public ExactBackend {
 
   // Looking at the gradients would stop the host every step (replica.hpp).
   bool checks_every_step() const override { return false; }
-  // With --gpu-kernels next the check runs on the device and the host
+  // With --gpu-kernels proven the check runs on the device and the host
   // reads its flag; else the host reads the values.
   bool all_finite(const float* p, size_t n) override {
     if (!ctx_->next(NextKernel::LossScaleOnDevice)) {
@@ -305,7 +305,7 @@ class CudaBackend final : public Backend, public ExactBackend {
 
   optim::Kernels& optim_kernels() override { return *kernels_; }
 
-  // Note [step graphs]: with --gpu-kernels next until a GPU has run it.
+  // Note [step graphs]: with --gpu-kernels next (opt-in: Note [next kernels]).
   bool step_graphs_asked() const override { return ctx_->next(NextKernel::StepGraphs); }
   std::string step_graphs_refusal(bool sync_bn) const override {
     if (std::string(comm_->backend()) != "nccl") return "the mpi backend's all-reduces are the host's";
@@ -360,8 +360,7 @@ class CudaBackend final : public Backend, public ExactBackend {
     graphs_.erase(it);
   }
 
-  // Note [loss scale on the device]: with --gpu-kernels next until a GPU has
-  // run it.
+  // Note [loss scale on the device]: by default (loss-scale-on-device).
   bool loss_scale_on_device() const override { return ctx_->next(NextKernel::LossScaleOnDevice); }
   // Note [step graphs]: in a captured step the event is recorded as the
   // graph runs (an external record), so the host can wait for it.

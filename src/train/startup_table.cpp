@@ -26,12 +26,6 @@ struct RankInfo {
   int64_t shard, steps;
 };
 
-// The kernels of Note [next kernels] a GPU run takes, for its start-up line.
-std::string next_kernels_line(const GpuKernels& k) {
-  if (!k.any()) return "";
-  return "; --gpu-kernels " + k.describe() + ": also kernels not yet proven on a GPU (docs/gpus.md)";
-}
-
 // The BLAS kernels the CPU ranks run (Note [BLAS kernels]): one line when
 // every rank runs the same, else one per rank.
 void describe_blas(const std::vector<RankInfo>& ranks, std::ostream& out) {
@@ -87,13 +81,13 @@ void startup_check(Replica& replica, const World& world, const Config& cfg, cons
         << (cfg.cudnn_benchmark ? "timed once per geometry (--cudnn-benchmark), the fastest, or a deterministic one "
                                   "within 5% of it"
                                 : "cuDNN's heuristics' first deterministic one")
-        << next_kernels_line(GpuKernels::parse(cfg.gpu_kernels));
+        << GpuKernels::parse(cfg.gpu_kernels).startup_note();
   if (cfg.channels_last) {
     const nn::LayoutPlan plan = nn::plan_layout(graph, true);
     out << "\nddp_train: --channels-last: "
         << (ranks[0].device == std::string("cpu") ? "GPUs only; CPUs keep NCHW"
             : plan.layout == nn::Layout::NHWC
-                ? "activations and their gradients NHWC on the GPU, weights PyTorch's layout (not yet run on a GPU)"
+                ? "activations and their gradients NHWC on the GPU, weights PyTorch's layout"
                 : "the model stays NCHW: " + plan.why);
   }
   if (cfg.precision == "tf32") {

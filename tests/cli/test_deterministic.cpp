@@ -125,7 +125,7 @@ TEST_P(Deterministic, ResNet18WithSyncBatchNormIsBitwiseTheSameAtOneTwoAndFourRa
   expect_bitwise_equal(checkpoint::read_safetensors(path("np1")), checkpoint::read_safetensors(path("resumed")));
 }
 
-// On GPUs only: the kernels not yet proven (--gpu-kernels next: BatchNorm's
+// On GPUs only: the pieces of --gpu-kernels next (BatchNorm's
 // split sums, all micro-shards' in one launch, one rank's micro-shard sums
 // added on the device, cuDNN's graph API, micro-shards in one checked call,
 // their gradients taken together) keep the promise, in both layouts (NCHW,

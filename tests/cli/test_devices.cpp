@@ -81,23 +81,26 @@ TEST(Devices, NcclOnTheCpuIsAUsageError) {
   EXPECT_EQ(r.err.find("(rank 1)"), std::string::npos) << r.err;
 }
 
-// --gpu-kernels: proven, next, or next without some of its kernels, refused
-// otherwise (naming the kernels next has); a CPU rank runs its own kernels
-// either way, bit for bit.
-TEST(Devices, GpuKernelsIsProvenOrNextAndLeavesTheCpuAlone) {
+// --gpu-kernels: proven, next, reference, or proven or next without some of
+// their kernels, refused otherwise (naming the kernels next has); a CPU rank
+// runs its own kernels either way, bit for bit.
+TEST(Devices, GpuKernelsIsProvenNextOrReferenceAndLeavesTheCpuAlone) {
   expect_failure(run_ddp_train(2, kSmall + " --gpu-kernels fast"),
-                 "--gpu-kernels must be proven, next, or next,-NAME,... to leave kernels of next out (docs/gpus.md), "
-                 "got 'fast'");
+                 "--gpu-kernels must be proven, next, reference, or proven,-NAME,... or next,-NAME,... to leave "
+                 "kernels out (docs/gpus.md), got 'fast'");
   expect_failure(run_ddp_train(2, kSmall + " --gpu-kernels next,-fast"),
                  "--gpu-kernels next,-fast: '-fast' is not -NAME of a kernel of next (bn-split-sums, graph-conv, ");
+  expect_failure(run_ddp_train(2, kSmall + " --gpu-kernels proven,-step-graphs"),
+                 "--gpu-kernels proven,-step-graphs: step-graphs is not one of proven's kernels "
+                 "(next,-step-graphs is next without it)");
   const std::string dir = make_temp_dir();
-  for (const std::string k : {"proven", "next", "next,-graph-conv,-bn-act"}) {
+  const std::vector<std::string> kinds = {"proven", "next", "reference", "next,-graph-conv,-bn-act", "proven,-bn-act"};
+  for (const std::string& k : kinds) {
     auto r = run_ddp_train(1, kSmall + " --gpu-kernels " + k + " --output-model " + dir + "/" + k);
     ASSERT_EQ(r.status, 0) << r.err;
   }
-  expect_bitwise_equal(checkpoint::read_safetensors(dir + "/proven"), checkpoint::read_safetensors(dir + "/next"));
-  expect_bitwise_equal(checkpoint::read_safetensors(dir + "/proven"),
-                       checkpoint::read_safetensors(dir + "/next,-graph-conv,-bn-act"));
+  for (const std::string& k : kinds)
+    expect_bitwise_equal(checkpoint::read_safetensors(dir + "/proven"), checkpoint::read_safetensors(dir + "/" + k));
   remove_tree(dir);
 }
 
@@ -254,8 +257,8 @@ TEST_F(GpuTraining, ParametersFollowTheCpu) {
 }
 
 // --channels-last (Note [channels last]): ResNet-18 runs NHWC and says so,
-// in fp32, TF32 and bf16 (these two with --gpu-kernels next, the graph
-// API's convolutions), and its ten steps' training loss follows the NCHW
+// in fp32, TF32 and bf16 (these two with --gpu-kernels next, the step
+// captured as a CUDA graph too), and its ten steps' training loss follows the NCHW
 // run's (other cuDNN kernels and sums: not the same bits; a wrong channel
 // index leaves the loss elsewhere). At lr 0.1 ten steps of ResNet-18 are
 // chaotic (on an H200, 2026-11-28, TF32's and bf16's NCHW and NHWC losses
@@ -365,9 +368,11 @@ TEST_F(GpuTraining, MetricsCarryGpuMemoryAndUtilisation) {
   remove_tree(dir);
 }
 
-// --precision fp16 with --gpu-kernels next (Note [loss scale on the
-// device]): a scale of 2^30 overflows the first dozen steps; the device's
-// decisions, read a step late, skip as many as the host's do (within one:
+// --precision fp16's loss scaler on the device (loss-scale-on-device, Note
+// [loss scale on the device]; the default), against the host's (--gpu-kernels
+// proven,-loss-scale-on-device): a scale of 2^30 overflows the first dozen
+// steps; the device's decisions, read a step late, skip as many as the
+// host's do (within one:
 // other convolution kernels round the gradients' last bits), in the epoch
 // they fell in, and leave the same scale.
 TEST_F(GpuTraining, Fp16LossScaleOnTheDeviceSkipsAsTheHostDoes) {
@@ -377,7 +382,8 @@ TEST_F(GpuTraining, Fp16LossScaleOnTheDeviceSkipsAsTheHostDoes) {
   std::vector<json> epochs[2];
   for (int k = 0; k < 2; ++k) {
     const std::string metrics = dir + "/m" + std::to_string(k) + ".jsonl";
-    auto r = run_ddp_train(1, args + " --metrics-out " + metrics + (k ? " --gpu-kernels next" : ""));
+    auto r =
+        run_ddp_train(1, args + " --metrics-out " + metrics + (k ? "" : " --gpu-kernels proven,-loss-scale-on-device"));
     ASSERT_EQ(r.status, 0) << r.err;
     for (const auto& line : lines_of(read_text(metrics))) epochs[k].push_back(json::parse(line));
     ASSERT_EQ(epochs[k].size(), 2u) << read_text(metrics);

@@ -69,19 +69,19 @@ class SyncBatchNorm : public Resnet, public ::testing::WithParamInterface<std::s
 // which rounds differently: 1.9e-4 of the parameters' scale with OpenBLAS's
 // Haswell kernels when 8 images of the 7x7 layers took im2col too. 1e-3
 // keeps a margin on both sides. On a GPU the per-rank batch picks cuDNN's
-// algorithms: fp32 rounding, as far below 1e-3; the sums go through the
-// host, and with --gpu-kernels next through NCCL on the device (at one rank
-// nowhere).
+// algorithms: fp32 rounding, as far below 1e-3; the sums go through NCCL
+// on the device (sync-bn-on-device; at one rank nowhere), and with
+// --gpu-kernels proven,-sync-bn-on-device through the host.
 TEST_P(SyncBatchNorm, AtFourRanksTakesTheOneRankStep) {
   const std::string step = " --train-limit 32 --batch-size 32 --epochs 1 --lr 0.1 --seed 1";
   const auto one = train(1, step + " --sync-bn", "np1_sync", on_);
-  for (const std::string kernels : {"", " --gpu-kernels next"}) {
+  for (const std::string kernels : {"", " --gpu-kernels proven,-sync-bn-on-device"}) {
     if (!kernels.empty() && on_.name == "cpu") continue;
     SCOPED_TRACE(kernels);
     if (!kernels.empty()) {
-      const Diff next_one = differ(one, train(1, step + " --sync-bn" + kernels, "np1_sync_next", on_));
-      EXPECT_LE(next_one.params, 1e-3);
-      EXPECT_LE(next_one.buffers, 1e-3);
+      const Diff host_one = differ(one, train(1, step + " --sync-bn" + kernels, "np1_sync_host", on_));
+      EXPECT_LE(host_one.params, 1e-3);
+      EXPECT_LE(host_one.buffers, 1e-3);
     }
     const auto four = train(4, step + " --sync-bn" + kernels, "np4_sync", on_);
     const Diff sync = differ(one, four);

@@ -95,7 +95,7 @@ class Lanes {
 
 // Note [shard gradients together]: a device without lanes that says whether
 // its micro-shards' gradients go over together (the GPU's: with
-// --gpu-kernels next).
+// --gpu-kernels proven).
 class ShardsTogether {
  public:
   virtual ~ShardsTogether() = default;

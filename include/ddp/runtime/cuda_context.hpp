@@ -129,11 +129,12 @@ class Context {
   // --cudnn-benchmark (Note [measured algorithms], nn/cuda/conv_algo.hpp):
   // convolution algorithms chosen by timing them, and the choices made so
   // far, by geometry (each convolution's three algorithms and math types).
-  // --gpu-kernels: which kernels written since a GPU last ran the tests run
-  // instead of the ones that have (Note [next kernels], runtime/gpu_kernels.hpp;
-  // docs/gpus.md, "Kernels not yet run"); set_next_kernels: all or none.
+  // --gpu-kernels: which pieces written after the first kernels run instead
+  // of them (Note [next kernels], runtime/gpu_kernels.hpp; docs/gpus.md,
+  // "Kernels not yet run"); a context takes none until told (the reference
+  // its tests compare each piece with); set_next_kernels: all or none.
   void set_gpu_kernels(GpuKernels k);
-  void set_next_kernels(bool on) { set_gpu_kernels(on ? GpuKernels::next() : GpuKernels::proven()); }
+  void set_next_kernels(bool on) { set_gpu_kernels(on ? GpuKernels::next() : GpuKernels::reference()); }
   bool next(NextKernel k) const { return kernels_.on(k); }
   // --channels-last: graphs that allow it run NHWC on this device (Note
   // [channels last], nn/layout.hpp).

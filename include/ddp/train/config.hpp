@@ -41,9 +41,10 @@ struct Config {
   // GPUs: convolution algorithms chosen by timing them (Note [measured
   // algorithms], nn/cuda/conv_algo.hpp), not by cuDNN's heuristics.
   bool cudnn_benchmark = false;
-  // GPUs: "proven", the kernels a GPU has run through the tests, or "next",
-  // also those written since, or "next,-NAME,..." without some of them
-  // (Note [next kernels], runtime/gpu_kernels.hpp).
+  // GPUs: "proven", the kernels a GPU has run through the tests and the
+  // benchmark, or "next", also those written since, or "reference", the
+  // first kernels alone; "proven,-NAME,..." and "next,-NAME,..." leave some
+  // out (Note [next kernels], runtime/gpu_kernels.hpp).
   std::string gpu_kernels = "proven";
   // GPUs: activations NHWC where the model allows it (Note [channels last],
   // nn/layout.hpp).

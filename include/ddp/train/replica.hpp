@@ -179,7 +179,7 @@ class Backend {
 // The CPU backend: host memory, the MPI communicator, the kernels on
 // `threads` threads (0: as many as World gave OpenBLAS, this rank's share of
 // the cores). loss_scale_on_device: fp16's scaler decides as a GPU's with
-// --gpu-kernels next does (Note [loss scale on the device]), the GPU's flow
+// --gpu-kernels proven does (Note [loss scale on the device]), the GPU's flow
 // on the host, which gains nothing from it; for its tests.
 std::unique_ptr<Backend> make_cpu_backend(std::unique_ptr<comm::Communicator> comm, int threads = 0,
                                           bool loss_scale_on_device = false);

@@ -1,17 +1,17 @@
 // BatchNorm2d on the GPU, in the steps of the CPU's (nn/cpu/ops.hpp): per channel
-// a block sums its plane of every image in double (with --gpu-kernels next,
+// a block sums its plane of every image in double (with --gpu-kernels proven,
 // several blocks a channel sum runs of its values and a second pass adds the
 // runs in order: Note [batch norm sums], nn/cuda/bn_plan.hpp; fixed trees
 // either way, so results repeat bit for bit), one thread a channel turns the sums into the
 // constants (kernel_math.hpp's bn_*_channel, the CPU's very formulas), and an
 // element-wise pass applies them. With a StatsReducer the sums go to the
 // host, are summed over ranks (SyncBatchNorm), and come back; with
-// --gpu-kernels next the device communicator sums them on the device, the
+// --gpu-kernels proven the device communicator sums them on the device, the
 // host not waiting (NCCL's all-reduce on the GPU), and one rank's not at
 // all. The deterministic mode takes the sums micro-shard by micro-shard
-// (CudaBatchNorm::channel_sums, deterministic/; with --gpu-kernels next all
+// (CudaBatchNorm::channel_sums, deterministic/; with --gpu-kernels proven all
 // micro-shards in one launch: Note [shards in one launch], bn_plan.hpp).
-// With --gpu-kernels next a BatchNorm also runs the ReLU or residual add
+// With --gpu-kernels proven a BatchNorm also runs the ReLU or residual add
 // after it (CudaBatchNormAct, Note [claimed runs] in nn/model.hpp): one pass
 // forward and one backward where there were two or three, the same bits.
 // NHWC batches (Note
@@ -95,7 +95,7 @@ struct HalfOut {
   }
 };
 
-// --gpu-kernels proven: block ch: out[ch] = sum of x over the channel's values; with mean, the sum
+// --gpu-kernels reference: block ch: out[ch] = sum of x over the channel's values; with mean, the sum
 // of (x - mean[ch])^2 instead.
 template <typename Values>
 __global__ void __launch_bounds__(kThreads)
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// --gpu-kernels next: block (run, ch) of Note [batch norm sums]: sums run `run` of channel ch's
+// --gpu-kernels proven: block (run, ch) of Note [batch norm sums]: sums run `run` of channel ch's
 // values (value j is pixel j % hw of image j / hw) into part[ch * runs + run]:
 // of x; with mean, of (x - mean[ch])^2 instead.
 template <typename Values>

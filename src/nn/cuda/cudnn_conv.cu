@@ -110,10 +110,10 @@ struct CudnnConv::Plan {
   // when it runs (cuDNN tells a tensor-core algorithm by both; run_math).
   cudnnMathType_t fwd_math{}, bwd_data_math{}, bwd_filter_math{};
   size_t fwd_bytes = 0, bwd_data_bytes = 0, bwd_filter_bytes = 0;
-  // Whether the legacy API has algorithms for it: with --gpu-kernels next
+  // Whether the legacy API has algorithms for it: with --gpu-kernels proven
   // it may have none where the graph API runs every direction.
   bool legacy = true;
-  // --gpu-kernels next: each direction through cuDNN's graph API where an
+  // --gpu-kernels proven: each direction through cuDNN's graph API where an
   // engine may run it (Note [graph engines]); nullptr: the legacy call.
   std::unique_ptr<GraphConv> graph_fwd, graph_data, graph_filter;
   Plan() = default;
@@ -205,7 +205,8 @@ CudnnConv::Plan& CudnnConv::plan(cuda::Context& ctx, int batch) {
       // The legacy API's NHWC algorithms are fewer than its NCHW ones.
       if (layout_ == Layout::NHWC)
         DDP_FAIL("op ", layer_, ": ", e.what(),
-                 " (--channels-last: run without it, or with --gpu-kernels next for cuDNN's graph API)");
+                 " (--channels-last: run without it, or without leaving graph-conv, cuDNN's graph API, out of "
+                 "--gpu-kernels)");
       throw;
     }
     p->legacy = false;
@@ -485,14 +486,14 @@ void CudnnConv::backward(cuda::Context& ctx, int batch, const float* x, const fl
   }
 }
 
-// --gpu-kernels next: the bias's gradient as BatchNorm's sums are taken
+// --gpu-kernels proven: the bias's gradient as BatchNorm's sums are taken
 // (Note [batch norm sums]: many blocks a channel, in double, the same bits
 // every call), where cuDNN's bias pass took 6% of ResNet-18's fp32 step on
 // an H100 (2026-11-26).
 // NHWC: Note [channels last sums]. In 16 bits dy is the rounded 16-bit
 // gradient, and its sum is rounded once to the precision, as
 // channel_grad_from_half_cuda's (16-bit NCHW's bias gradient with
-// --gpu-kernels proven: one block a channel).
+// --gpu-kernels reference: one block a channel).
 void CudnnConv::bias_grad(cuda::Context& ctx, int images, const void* dy, float* db, int parts, size_t stride) {
   const int c = out_.c, hw = out_.h * out_.w;
   const size_t runs = size_t(max_sum_runs(c, ctx.sms()));

@@ -8,7 +8,7 @@
 // image after image) are cut into `splits` equal runs of `per_split`, one
 // block a run, enough blocks to fill every SM several times over; each block
 // sums its run in double in a fixed tree, and a second pass adds each
-// channel's runs in run order (with --gpu-kernels next's warp-run-sums a
+// channel's runs in run order (with --gpu-kernels proven's warp-run-sums a
 // warp a channel: lane l adds runs l, l + 32, ... in order, then the lanes'
 // sums in a fixed tree; NHWC cuts a channel into hundreds of runs, too many
 // for one thread). The cut depends only on the number of values,

@@ -106,7 +106,7 @@ inline std::string conv_plan_key(Shape in, int out_c, int k, int stride, int pad
          (deterministic ? ", deterministic" : "");
 }
 
-// Note [graph engines]: with --gpu-kernels next each direction of a
+// Note [graph engines]: with --gpu-kernels proven each direction of a
 // convolution (forward, backward data, backward filter) is a one-operation
 // graph of cuDNN's graph (backend) API, run by an engine that cuDNN's
 // heuristics (mode A, then its fallback list) offer; the legacy API's eight

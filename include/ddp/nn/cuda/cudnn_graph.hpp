@@ -1,6 +1,6 @@
 // One direction of one convolution as a graph of cuDNN's graph (backend)
 // API, with the engine Note [graph engines] (nn/cuda/conv_algo.hpp) chose:
-// what CudnnConv runs with --gpu-kernels next. For .cu files only.
+// what CudnnConv runs with --gpu-kernels proven. For .cu files only.
 #pragma once
 
 #include <cudnn.h>

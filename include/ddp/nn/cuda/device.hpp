@@ -24,7 +24,7 @@ struct CudaDeviceOptions {
   // compare the layouts op by op); unset: the context's --channels-last
   // where the graph allows it.
   std::optional<Layout> layout;
-  // Note [claimed runs] (nn/model.hpp) with --gpu-kernels next; false: op by
+  // Note [claimed runs] (nn/model.hpp) with --gpu-kernels proven; false: op by
   // op (the tests' reference).
   bool claim_runs = true;
 };

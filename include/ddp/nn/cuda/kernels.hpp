@@ -141,7 +141,7 @@ class CudnnConv {
   // added at db + k * stride, each the bits backward adds for that batch
   // alone (Note [shards in one launch], nn/cuda/bn_plan.hpp). Only where
   // backward sums the bias as BatchNorm's sums are (fp32 and TF32 with
-  // --gpu-kernels next); false, nothing done, elsewhere.
+  // --gpu-kernels proven); false, nothing done, elsewhere.
   bool bias_grads_of_parts(cuda::Context& ctx, int images, int parts, const float* dy, float* db, size_t stride);
   // Note [shard streams] (deterministic/shards.hpp): whether backward calls
   // with no bias gradient, or with one where `bias`, may run at once on
@@ -174,11 +174,11 @@ class CudnnConv {
   void legacy_plan(cuda::Context& ctx, Plan& p, int batch);
   void rank_algorithms(cuda::Context& ctx, Plan& p);
   void time_algorithms(cuda::Context& ctx, Plan& p, int batch);
-  // --gpu-kernels next: the plan's graphs (Note [graph engines]), and
+  // --gpu-kernels proven: the plan's graphs (Note [graph engines]), and
   // whether one may run on these operands.
   void graph_plans(cuda::Context& ctx, Plan& p, int batch);
   bool graph_fits(cuda::Context& ctx, const GraphConv* g, std::initializer_list<const void*> operands) const;
-  // db += the sum of dy per channel: fp32 dy (--gpu-kernels next or NHWC),
+  // db += the sum of dy per channel: fp32 dy (--gpu-kernels proven or NHWC),
   // or the 16-bit one over NHWC, the sum rounded to the precision.
   // With parts > 1 (fp32 and TF32): that many batches of `images` one after
   // another, part k's added at db + k * stride (bias_grads_of_parts).
@@ -298,7 +298,7 @@ struct BnGrad {
 
 // torch.nn.BatchNorm2d with kernels of our own (batch_norm.cu); with a
 // StatsReducer, SyncBatchNorm (the per-channel sums summed over ranks:
-// through the host, or with --gpu-kernels next on the device).
+// through the host, or with --gpu-kernels proven on the device).
 class CudaBatchNorm : public Kernel {
  public:
   CudaBatchNorm(const Op& op, cuda::Context& ctx, StatsReducer* stats, Layout layout = Layout::NCHW);
@@ -339,7 +339,7 @@ class CudaBatchNorm : public Kernel {
   virtual void channel_sums(const OpArgs& a, size_t width, const RunSum& sum, const AfterSum* after,
                             const std::string& what);
   // sums_'s first n values summed over ranks when synchronised: a host
-  // round trip (--gpu-kernels next: on the device, and none for one rank).
+  // round trip (--gpu-kernels proven: on the device, and none for one rank).
   void reduce(size_t n, const std::string& what);
   // Launches the per-channel sums of `images` images from x into out
   // (device; Note [batch norm sums]): without dy, of x, or with mean of
@@ -367,7 +367,7 @@ class CudaBatchNorm : public Kernel {
  private:
   float* chan_ = nullptr;   // device, per channel: mean, invstd, scale, shift, ...
   Layout layout_;
-  bool split_;                // --gpu-kernels next or NHWC: the sums in runs
+  bool split_;                // --gpu-kernels proven or NHWC: the sums in runs
   double* parts_for(int shards);  // parts_ with room for `shards` calls' runs
   // launch_sums's one-block and split sums of x, a thread's reader of
   // values (batch_norm.cu).
@@ -381,7 +381,7 @@ class CudaBatchNorm : public Kernel {
   std::vector<double> host_;  // the sums on their way through the host
 };
 
-// --gpu-kernels next, Note [claimed runs] (nn/model.hpp): a BatchNorm2d and
+// --gpu-kernels proven, Note [claimed runs] (nn/model.hpp): a BatchNorm2d and
 // the ReLU or residual add (with its ReLU) after it, as one kernel: the
 // normalised value is added and rectified as it is written, and backward
 // masks the gradient as it reads it; the same bits as the three ops.
@@ -397,7 +397,7 @@ class CudaBatchNormAct final : public CudaBatchNorm {
   bool add_, relu_;
 };
 
-// --gpu-kernels next (conv-bn), Note [claimed runs]: a convolution and the
+// --gpu-kernels proven (conv-bn), Note [claimed runs]: a convolution and the
 // BatchNorm after it, and that BatchNorm's ReLU or residual add where ops is
 // 3 (conv_bn_run, nn/cuda/bn_runs.hpp), as one kernel; in bf16 and fp16 the
 // convolution's output and its gradient pass between them in 16 bits (Note
