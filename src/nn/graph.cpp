@@ -261,13 +261,13 @@ Graph GraphBuilder::finish(int output) {
   return g;
 }
 
-size_t param_slot_end(const Graph& g, size_t k) {
-  return k + 1 < g.params.size() ? g.params[k + 1].offset : g.num_params;
+size_t param_slot_end(const std::vector<TensorInfo>& params, size_t k) {
+  return k + 1 < params.size() ? params[k + 1].offset : params[k].offset + params[k].numel;
 }
 
 std::vector<size_t> param_slots(const Graph& g) {
   std::vector<size_t> slots;
-  for (size_t k = 0; k < g.params.size(); ++k) slots.push_back(param_slot_end(g, k) - g.params[k].offset);
+  for (size_t k = 0; k < g.params.size(); ++k) slots.push_back(param_slot_end(g.params, k) - g.params[k].offset);
   return slots;
 }
 

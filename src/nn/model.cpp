@@ -146,7 +146,7 @@ std::pair<size_t, size_t> Model::param_span(size_t i) const {
   // An op's tensors' slots are adjacent in flat order (Note [flat layout]):
   // the span runs to the end of the last one's, as the exact sums take it.
   const size_t first = graph_.params[ps.front()].offset;
-  return {first, param_slot_end(graph_, ps.back()) - first};
+  return {first, param_slot_end(graph_.params, ps.back()) - first};
 }
 
 bool Model::any_half_op() const {

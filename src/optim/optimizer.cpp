@@ -50,8 +50,7 @@ Optimizer::Optimizer(const Options& o, const std::vector<nn::TensorInfo>& params
   for (size_t i = 0; i < params.size(); ++i) {
     const nn::TensorInfo& p = params[i];
     const bool decay = !(o.no_decay_norm_bias && p.shape.size() <= 1);
-    const size_t slot_end = nn::param_start(p.offset + p.numel);
-    const size_t end = i + 1 < params.size() && params[i + 1].offset == slot_end ? slot_end : p.offset + p.numel;
+    const size_t end = nn::param_slot_end(params, i);
     if (!runs_.empty() && runs_.back().decay == decay && runs_.back().end == p.offset)
       runs_.back().end = end;
     else

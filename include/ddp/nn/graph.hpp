@@ -137,9 +137,9 @@ struct Graph {
 // layout]).
 inline size_t param_start(size_t n) { return (n + kParamAlignment - 1) / kParamAlignment * kParamAlignment; }
 
-// Where parameter k's slot ends: where the next one starts, or the buffer's
-// end.
-size_t param_slot_end(const Graph& g, size_t k);
+// Where parameter k of params (in flat order) has its slot end: where the
+// next one starts, or, for the last, where it ends (a Graph's num_params).
+size_t param_slot_end(const std::vector<TensorInfo>& params, size_t k);
 
 // Per parameter, in flat order, its slot's elements: they partition
 // 0 .. num_params.
